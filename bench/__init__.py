@@ -1,0 +1,1 @@
+"""Benchmarks: the scheduler alone, and (later) serving clients."""

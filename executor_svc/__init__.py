@@ -1,0 +1,1 @@
+"""Executors: own device memory (weights, KV cache) and run one batch plan at a time."""

@@ -1,0 +1,102 @@
+"""Rebuilds the running batch from diff plans and turns each step into flat model inputs.
+
+Torch-free on purpose: the simulated executor and the tests use it as it is, and the model
+runner only wraps the arrays it returns in tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.batch_table import BatchTable, cdiv
+from shared.protocol import BatchPlan, SamplingParams, unpack_ids
+
+
+class PlanError(ValueError):
+    """A plan that does not fit this executor's batch: lost, reordered or corrupt."""
+
+
+@dataclass(slots=True)
+class StepInputs:
+    rows: np.ndarray  # slots computing tokens this step, in row order
+    input_ids: np.ndarray  # one entry per computed token, rows concatenated
+    positions: np.ndarray
+    slot_mapping: np.ndarray  # KV cache slot (block * block_size + offset) of each token
+    query_start_loc: np.ndarray  # len(rows) + 1 offsets into the token arrays
+    seq_lens: np.ndarray  # KV length of each row once this step's tokens are written
+    block_tables: np.ndarray  # [len(rows), blocks of the longest row]
+    logits_indices: np.ndarray  # token whose logits are sampled, one per sampling row
+    sample_rows: np.ndarray  # slots that sample a token, in row order
+
+
+class PlanApplier:
+    def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
+        self.batch = BatchTable(capacity, max_model_len, block_size)
+        self.sampling: list[SamplingParams | None] = [None] * capacity
+        self.step = 0
+        self._sample_rows = np.empty(0, dtype=np.int64)
+
+    def apply(self, plan: BatchPlan) -> StepInputs:
+        if plan.step != self.step + 1:
+            raise PlanError(f"plan for step {plan.step}; expected step {self.step + 1}")
+        batch = self.batch
+        try:
+            batch.remove(unpack_ids(plan.removed))
+            for new in plan.new:
+                slot = batch.add(
+                    new.req_id,
+                    unpack_ids(new.token_ids),
+                    new.num_prompt_tokens,
+                    new.num_computed,
+                    unpack_ids(new.block_ids),
+                )
+                self.sampling[slot] = new.sampling
+            rows = batch.order
+            scheduled = np.ones(len(rows), dtype=np.int64)
+            if plan.new:
+                scheduled[len(rows) - len(plan.new) :] = [new.num_scheduled for new in plan.new]
+            overrides = unpack_ids(plan.override_ids)
+            if len(overrides):
+                scheduled[batch.positions_of(overrides)] = unpack_ids(plan.override_counts)
+            need = batch.blocks_needed(rows, scheduled)
+            batch.extend_blocks(rows, need, unpack_ids(plan.new_block_ids))
+        except (KeyError, ValueError, IndexError) as exc:
+            raise PlanError(f"plan for step {plan.step} does not apply: {exc}") from exc
+        self.step = plan.step
+        return self._inputs(rows[scheduled > 0], scheduled[scheduled > 0])
+
+    def commit(self, sampled: np.ndarray) -> None:
+        """Record the tokens sampled for `StepInputs.sample_rows`; they are next step's inputs."""
+        self.batch.append_tokens(self._sample_rows, sampled)
+
+    def _inputs(self, rows: np.ndarray, counts: np.ndarray) -> StepInputs:
+        batch = self.batch
+        starts = batch.num_computed[rows]
+        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(counts, out=query_start_loc[1:])
+        owner = np.repeat(rows, counts)
+        positions = np.repeat(starts - query_start_loc[:-1], counts) + np.arange(
+            query_start_loc[-1], dtype=np.int64
+        )
+        block_size = batch.block_size
+        slot_mapping = batch.block_table[owner, positions // block_size] * block_size + (
+            positions % block_size
+        )
+        seq_lens = starts + counts
+        width = int(cdiv(int(seq_lens.max()), block_size)) if len(rows) else 0
+        batch.num_computed[rows] = seq_lens
+        sampling = seq_lens == batch.num_tokens[rows]
+        self._sample_rows = rows[sampling]
+        return StepInputs(
+            rows=rows,
+            input_ids=batch.tokens[owner, positions],
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=batch.block_table[rows, :width],
+            logits_indices=query_start_loc[1:][sampling] - 1,
+            sample_rows=self._sample_rows,
+        )

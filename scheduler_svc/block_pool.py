@@ -1,0 +1,153 @@
+"""KV block allocator with reference counts and exactly verified prefix caching.
+
+A full block is indexed by a 64-bit chain hash of its tokens and its parent's hash. The hash is
+fast rather than strong, because a hit is never trusted on the hash alone: the pool keeps each
+cached block's tokens and the cache stamp of its parent block, so a lookup accepts a block only
+if its tokens match and its parent is the block just accepted before it. A collision, crafted
+or not, costs a miss, never another request's KV.
+
+A block whose last owner leaves keeps its hash and goes to the tail of the free queue;
+allocation takes from the head (least recently freed) and only then forgets the hash, so cached
+prefixes survive as long as memory allows. Every operation touches only the blocks involved.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+_CHAIN_MULTIPLIER = 0x9E3779B97F4A7C15
+_ROOT_STAMP = 0  # the parent stamp of a sequence's first block
+_NOT_CACHED = -1
+
+
+@functools.cache
+def _token_weights(block_size: int) -> np.ndarray:
+    return np.random.default_rng(block_size).integers(1, 1 << 63, block_size, np.uint64) | 1
+
+
+def block_contents(blocks: np.ndarray) -> np.ndarray:
+    """One uint64 per row of a [n, block_size] token array (wrapping arithmetic)."""
+    return (blocks.astype(np.uint64) * _token_weights(blocks.shape[1])).sum(axis=1)
+
+
+def next_hashes(parents: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Chain hashes of one block per row, each after its row's parent hash (0: no parent)."""
+    return parents * np.uint64(_CHAIN_MULTIPLIER) + block_contents(blocks)
+
+
+def chain_hashes(token_ids: np.ndarray, block_size: int, parent: int) -> list[int]:
+    """Chain hashes of every full block of one token sequence, after `parent`."""
+    full = len(token_ids) // block_size
+    contents = block_contents(token_ids[: full * block_size].reshape(full, block_size))
+    hashes = []
+    for content in contents.tolist():
+        parent = (parent * _CHAIN_MULTIPLIER + content) & _MASK
+        hashes.append(parent)
+    return hashes
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.ref_count = np.zeros(num_blocks, dtype=np.int64)
+        # Free blocks in two tiers: blank ones (a stack) go first; idle cached ones (LRU order)
+        # are evicted only when no blank block is left.
+        self._blank = list(range(num_blocks - 1, -1, -1))
+        self._idle_cached: OrderedDict[int, None] = OrderedDict()
+        self._hash_of = np.zeros(num_blocks, dtype=np.uint64)
+        self._block_of: dict[int, int] = {}
+        self._tokens = np.zeros((num_blocks, block_size), dtype=np.int32)
+        self._stamp = np.full(num_blocks, _NOT_CACHED, dtype=np.int64)
+        self._parent_stamp = np.full(num_blocks, _NOT_CACHED, dtype=np.int64)
+        self._stamps_issued = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._blank) + len(self._idle_cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def is_free(self, block: int) -> bool:
+        return self.ref_count[block] == 0
+
+    def allocate(self, count: int) -> np.ndarray:
+        if count > self.num_free:
+            raise MemoryError(f"asked for {count} KV blocks, {self.num_free} free")
+        from_blank = min(count, len(self._blank))
+        blocks = self._blank[len(self._blank) - from_blank :]
+        del self._blank[len(self._blank) - from_blank :]
+        for _ in range(count - from_blank):
+            block = self._idle_cached.popitem(last=False)[0]
+            del self._block_of[int(self._hash_of[block])]
+            self._stamp[block] = _NOT_CACHED
+            blocks.append(block)
+        allocated = np.array(blocks, dtype=np.int64)
+        self.ref_count[allocated] = 1
+        return allocated
+
+    def release(self, blocks: np.ndarray) -> None:
+        """Drop one reference from each block; pass a request's blocks tail first, so the tail
+        of a prefix is evicted before its head."""
+        self.ref_count[blocks] -= 1
+        for block in blocks[self.ref_count[blocks] == 0].tolist():
+            if self._stamp[block] == _NOT_CACHED:
+                self._blank.append(block)
+            else:
+                self._idle_cached[block] = None
+
+    def cached_prefix(self, hashes: list[int], token_blocks: np.ndarray) -> list[int]:
+        """Blocks holding the longest cached prefix of `token_blocks` ([n, block_size], with
+        their chain `hashes`), verified token for token; none of them is taken yet."""
+        found = []
+        for block_hash in hashes:
+            block = self._block_of.get(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        if not found:
+            return found
+        blocks = np.array(found)
+        parents = np.concatenate(([_ROOT_STAMP], self._stamp[blocks[:-1]]))
+        valid = (self._tokens[blocks] == token_blocks[: len(found)]).all(axis=1)
+        valid &= self._parent_stamp[blocks] == parents
+        return found if valid.all() else found[: int(np.argmin(valid))]
+
+    def share(self, blocks: list[int]) -> None:
+        """Take a reference on cached blocks, pulling idle ones out of the free queue."""
+        for block in blocks:
+            if self.ref_count[block] == 0:
+                del self._idle_cached[block]
+        self.ref_count[blocks] += 1
+
+    def cache(
+        self, blocks: np.ndarray, hashes: np.ndarray, parents: np.ndarray, tokens: np.ndarray
+    ) -> None:
+        """Publish blocks whose KV is complete. `parents` are the physical blocks before them
+        (-1 for a first block); the first block with a given hash wins."""
+        if not self.enable_caching or len(blocks) == 0:
+            return
+        published = []
+        block_of = self._block_of
+        for i, (block, block_hash) in enumerate(zip(blocks.tolist(), hashes.tolist(), strict=True)):
+            if block_hash not in block_of:
+                block_of[block_hash] = block
+                published.append(i)
+        if not published:
+            return
+        chosen = blocks[published]
+        self._hash_of[chosen] = hashes[published]
+        first = self._stamps_issued + 1
+        self._stamps_issued += len(chosen)
+        self._stamp[chosen] = np.arange(first, first + len(chosen))
+        parent_blocks = parents[published]
+        self._parent_stamp[chosen] = np.where(
+            parent_blocks < 0, _ROOT_STAMP, self._stamp[np.maximum(parent_blocks, 0)]
+        )
+        self._tokens[chosen] = tokens[published]

@@ -1,0 +1,337 @@
+"""Iteration-level scheduling: one token budget a step, running requests first, then waiting ones.
+
+`schedule()` builds the next `BatchPlan`; `update()` takes the executor's `StepResult`, appends
+the sampled tokens, ends requests that hit a stop condition and returns their `EngineOutputs`.
+Steady decode is vector arithmetic over the running batch; Python loops only run over events
+(a new block, an admission, an ending, a preemption).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_svc.block_pool import BlockPool, chain_hashes, next_hashes
+from scheduler_svc.request import Request, Status
+from scheduler_svc.running_batch import RunningBatch
+from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
+from shared.batch_table import cdiv
+from shared.config import SchedulerConfig
+from shared.protocol import (
+    AddRequest,
+    BatchPlan,
+    EngineOutputs,
+    Finished,
+    NewRequest,
+    StepResult,
+    pack_ids,
+    unpack_ids,
+)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
+    """Tokens each running row computes: every decode first, then prefill chunks in row order,
+    so a long prompt can never starve the decodes."""
+    if len(want) <= budget and (len(want) == 0 or want.max() == 1):
+        return np.ones_like(want)
+    scheduled = np.zeros_like(want)
+    decodes = np.flatnonzero(want == 1)[:budget]
+    scheduled[decodes] = 1
+    room = budget - len(decodes)
+    prefills = np.flatnonzero(want > 1)
+    if room > 0 and len(prefills):
+        wanted = want[prefills]
+        scheduled[prefills] = np.clip(room - (np.cumsum(wanted) - wanted), 0, wanted)
+    return scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_id: int) -> None:
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.by_priority = config.policy == "priority"
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
+        self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
+        self.requests: dict[int, Request] = {}
+        self.stats = SchedulerStats()
+        self.step = 0
+        self._arrivals = 0
+        self._in_flight = False
+        self._removed: list[int] = []
+        self._finished: list[Finished] = []
+        self._pending_aborts: list[int] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def rows_leaving_with_next_plan(self) -> list[int]:
+        """Requests that left the batch since the last plan; the executor still holds them."""
+        return list(self._removed)
+
+    def add_request(self, msg: AddRequest) -> None:
+        """Queue a request; raises ValueError (and keeps nothing) when it can never run."""
+        cfg = self.config
+        if msg.req_id in self.requests:
+            raise ValueError(f"request id {msg.req_id} is already in use")
+        if msg.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        req = Request.from_message(msg, self._arrivals, self.eos_token_id, cfg.max_model_len)
+        if not 0 < req.num_prompt_tokens < cfg.max_model_len:
+            raise ValueError(
+                f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "
+                f"{cfg.max_model_len - 1} (the model's context is {cfg.max_model_len})"
+            )
+        if cdiv(req.stop_len - 1, cfg.block_size) > cfg.num_blocks:
+            raise ValueError(
+                f"prompt plus max_tokens needs {req.stop_len - 1} tokens of KV cache; "
+                f"it holds {cfg.num_blocks * cfg.block_size}"
+            )
+        self._arrivals += 1
+        self.requests[req.req_id] = req
+        self.waiting.push(req)
+        self.stats.prompt_tokens += req.num_prompt_tokens
+
+    def abort(self, req_id: int) -> None:
+        """End a request now, or right after the step in flight; unknown ids are ignored."""
+        if self._in_flight:
+            self._pending_aborts.append(req_id)
+            return
+        req = self.requests.get(req_id)
+        if req is None:
+            return
+        if req.status is Status.RUNNING:
+            self._drop_row(self.batch.slot_of[req_id], keep_tokens=False)
+        else:
+            self.waiting.discard(req)
+        self._end(req, "abort")
+
+    def take_finished(self) -> list[Finished]:
+        """Endings that happened outside a step (aborts), for the caller to report."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def schedule(self) -> BatchPlan:
+        if self._in_flight:
+            raise RuntimeError("schedule() called again before update()")
+        self.step += 1
+        budget = self.config.max_num_batched_tokens
+        if self.by_priority:
+            self._preempt_for_higher_priority(budget)
+        rows = self.batch.order
+        computed = self.batch.num_computed[rows]
+        scheduled = split_budget(self.batch.num_tokens[rows] - computed, budget)
+        need = self.batch.blocks_needed(rows, scheduled)
+        total_need = int(need.sum())
+        if total_need <= self.pool.num_free:
+            new_block_ids = self.pool.allocate(total_need)
+            preempted = False
+        else:
+            rows, scheduled, need, new_block_ids = self._allocate_or_preempt(rows, scheduled, need)
+            preempted = True
+            computed = self.batch.num_computed[rows]
+        self.batch.extend_blocks(rows, need, new_block_ids)
+        self.batch.num_computed[rows] = computed + scheduled
+        overridden = np.flatnonzero(scheduled != 1)
+        budget -= int(scheduled.sum())
+        # After a preemption the freed room goes to the preempted, not to newcomers.
+        new = [] if preempted else self._admit(budget)
+        plan = BatchPlan(
+            step=self.step,
+            removed=pack_ids(self._removed),
+            new=new,
+            override_ids=pack_ids(self.batch.req_ids[rows[overridden]]),
+            override_counts=pack_ids(scheduled[overridden]),
+            new_block_ids=pack_ids(new_block_ids),
+        )
+        self._removed = []
+        self._in_flight = True
+        return plan
+
+    def update(self, result: StepResult) -> EngineOutputs:
+        if not self._in_flight or result.step != self.step:
+            raise ValueError(f"result for step {result.step}; step {self.step} is in flight")
+        batch = self.batch
+        rows = batch.order
+        computed = batch.num_computed[rows]
+        known = batch.num_tokens[rows]
+        caught_up = computed == known
+        sampling = rows[caught_up]
+        sampled = unpack_ids(result.sampled)
+        if len(sampled) != len(sampling):
+            raise ValueError(f"{len(sampled)} sampled ids for {len(sampling)} sampling rows")
+        self._in_flight = False
+        length = known[caught_up] + 1
+        batch.tokens[sampling, length - 1] = sampled
+        batch.num_tokens[sampling] = length
+        self.stats.generation_tokens += len(sampled)
+        if self.pool.enable_caching:
+            self._publish_full_blocks(rows, computed)
+        req_ids = batch.req_ids[sampling]
+        by_eos = sampled == batch.eos_token_id[sampling]
+        ended = by_eos | (length >= batch.stop_len[sampling])
+        if batch.num_with_stop_ids:
+            for i in np.flatnonzero(batch.has_stop_ids[sampling]).tolist():
+                by_eos[i] |= int(sampled[i]) in self.requests[int(req_ids[i])].stop_token_ids
+            ended |= by_eos
+        for i in np.flatnonzero(ended).tolist():
+            req = self._drop_row(int(sampling[i]), keep_tokens=False)
+            self._end(req, "stop" if by_eos[i] else "length")
+        for req_id in self._pending_aborts:
+            self.abort(req_id)
+        self._pending_aborts = []
+        return EngineOutputs(
+            step=self.step,
+            req_ids=pack_ids(req_ids),
+            token_ids=result.sampled,
+            finished=self.take_finished(),
+        )
+
+    def _admit(self, budget: int) -> list[NewRequest]:
+        new: list[NewRequest] = []
+        block_size = self.config.block_size
+        while budget > 0 and len(self.batch) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            if req is None:
+                break
+            cached = self._cached_prefix(req)
+            num_cached = len(cached) * block_size
+            count = min(len(req.token_ids) - num_cached, budget)
+            need = cdiv(num_cached + count, block_size) - len(cached)
+            idle_cached = sum(1 for block in cached if self.pool.ref_count[block] == 0)
+            if need + idle_cached > self.pool.num_free:
+                break
+            self.waiting.pop()
+            self.pool.share(cached)
+            blocks = cached + self.pool.allocate(need).tolist()
+            slot = self.batch.admit(req, blocks, num_cached, self.by_priority)
+            self.batch.last_hash[slot] = req.block_hashes[len(cached) - 1] if cached else 0
+            self.batch.num_computed[slot] += count
+            self.stats.prefix_cache_queries += len(req.token_ids)
+            self.stats.prefix_cache_hits += num_cached
+            new.append(
+                NewRequest(
+                    req_id=req.req_id,
+                    token_ids=pack_ids(req.token_ids),
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    num_computed=num_cached,
+                    num_scheduled=count,
+                    block_ids=pack_ids(blocks),
+                    sampling=req.sampling,
+                )
+            )
+            budget -= count
+        return new
+
+    def _cached_prefix(self, req: Request) -> list[int]:
+        """Cached blocks of the request's known tokens, leaving at least one token to compute
+        (its logits give the next token)."""
+        if not self.pool.enable_caching:
+            return []
+        block_size = self.config.block_size
+        hashes = req.block_hashes
+        done = len(hashes) * block_size
+        hashes += chain_hashes(req.token_ids[done:], block_size, hashes[-1] if hashes else 0)
+        usable = (len(req.token_ids) - 1) // block_size
+        token_blocks = req.token_ids[: usable * block_size].reshape(usable, block_size)
+        return self.pool.cached_prefix(hashes[:usable], token_blocks)
+
+    def _publish_full_blocks(self, rows: np.ndarray, computed: np.ndarray) -> None:
+        """Publish every block that this step filled with computed KV, in waves of one block
+        per row so that a parent is always published before its child."""
+        batch = self.batch
+        block_size = batch.block_size
+        full = computed // block_size
+        filled = full > batch.num_hashed[rows]
+        if not filled.any():
+            return
+        rows, full = rows[filled], full[filled]
+        offsets = np.arange(block_size)
+        while len(rows):
+            index = batch.num_hashed[rows]
+            tokens = batch.tokens[rows[:, None], index[:, None] * block_size + offsets]
+            hashes = next_hashes(batch.last_hash[rows], tokens)
+            parents = np.where(index > 0, batch.block_table[rows, np.maximum(index - 1, 0)], -1)
+            self.pool.cache(batch.block_table[rows, index], hashes, parents, tokens)
+            batch.last_hash[rows] = hashes
+            batch.num_hashed[rows] = index + 1
+            more = index + 1 < full
+            rows, full = rows[more], full[more]
+
+    def _allocate_or_preempt(
+        self, rows: np.ndarray, scheduled: np.ndarray, need: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Grant blocks best-ranked row first; when they run out, preempt the worst-ranked row
+        not yet served (possibly the one asking)."""
+        pending = np.argsort(self.batch.rank[rows], kind="stable").tolist()
+        granted: dict[int, np.ndarray] = {}
+        dropped: list[int] = []
+        served = 0
+        while served < len(pending):
+            position = pending[served]
+            count = int(need[position])
+            while count > self.pool.num_free and pending[-1] != position:
+                dropped.append(pending.pop())
+                self._preempt(int(rows[dropped[-1]]))
+            if count > self.pool.num_free:
+                dropped.append(pending.pop())
+                self._preempt(int(rows[position]))
+                break
+            granted[position] = self.pool.allocate(count)
+            served += 1
+        keep = np.ones(len(rows), dtype=bool)
+        keep[dropped] = False
+        new_ids = [granted[p] for p in np.flatnonzero(keep).tolist()]
+        new_ids = np.concatenate(new_ids) if new_ids else np.empty(0, dtype=np.int64)
+        return rows[keep], scheduled[keep], need[keep], new_ids
+
+    def _preempt_for_higher_priority(self, budget: int) -> None:
+        """Preempt lower-priority running rows while the best waiting request cannot get in."""
+        batch = self.batch
+        while (head := self.waiting.peek()) is not None and len(batch):
+            rows = batch.order
+            worst = int(rows[np.argmax(batch.rank[rows])])
+            if head.rank(by_priority=True) >= batch.rank[worst]:
+                return
+            scheduled = split_budget(batch.num_tokens[rows] - batch.num_computed[rows], budget)
+            room = budget - int(scheduled.sum())
+            if room <= 0:
+                return
+            running_need = int(batch.blocks_needed(rows, scheduled).sum())
+            head_need = cdiv(min(len(head.token_ids), room), self.config.block_size)
+            if len(batch) < self.config.max_num_seqs and (
+                self.pool.num_free - running_need >= head_need
+            ):
+                return
+            self._preempt(worst)
+
+    def _preempt(self, slot: int) -> None:
+        req = self._drop_row(slot, keep_tokens=True)
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.waiting.push_front(req)
+        self.stats.num_preemptions += 1
+
+    def _drop_row(self, slot: int, keep_tokens: bool) -> Request:
+        req, blocks = self.batch.release(slot, keep_tokens)
+        self.pool.release(blocks)
+        self._removed.append(req.req_id)
+        return req
+
+    def _end(self, req: Request, reason: str) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        del self.requests[req.req_id]
+        self._finished.append(Finished(req.req_id, reason))

@@ -1,0 +1,1 @@
+"""What every Turnstile service shares: the wire protocol, configuration and ZeroMQ helpers."""

@@ -1,0 +1,32 @@
+"""Configuration shared by the services, with the defaults a single-host CPU deployment wants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["fcfs", "priority"]
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    policy: Policy = "fcfs"
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.num_blocks <= 0:
+            raise ValueError("block_size and num_blocks must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Every running decode gets its token each step only if the budget covers them all.
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {self.policy!r}")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)

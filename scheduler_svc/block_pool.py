@@ -34,11 +34,6 @@ def block_contents(blocks: np.ndarray) -> np.ndarray:
     return (blocks.astype(np.uint64) * _token_weights(blocks.shape[1])).sum(axis=1)
 
 
-def next_hashes(parents: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """Chain hashes of one block per row, each after its row's parent hash (0: no parent)."""
-    return parents * np.uint64(_CHAIN_MULTIPLIER) + block_contents(blocks)
-
-
 def chain_hashes(token_ids: np.ndarray, block_size: int, parent: int) -> list[int]:
     """Chain hashes of every full block of one token sequence, after `parent`."""
     full = len(token_ids) // block_size

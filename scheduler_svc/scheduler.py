@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_svc.block_pool import BlockPool, chain_hashes, next_hashes
+from scheduler_svc.block_pool import BlockPool
+from scheduler_svc.prefix_cache import PrefixCache
 from scheduler_svc.request import Request, Status
 from scheduler_svc.running_batch import RunningBatch
 from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
@@ -42,8 +43,6 @@ class SchedulerStats:
 def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
     """Tokens each running row computes: every decode first, then prefill chunks in row order,
     so a long prompt can never starve the decodes."""
-    if len(want) <= budget and (len(want) == 0 or want.max() == 1):
-        return np.ones_like(want)
     scheduled = np.zeros_like(want)
     decodes = np.flatnonzero(want == 1)[:budget]
     scheduled[decodes] = 1
@@ -62,6 +61,7 @@ class Scheduler:
         self.by_priority = config.policy == "priority"
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
+        self.prefix_cache = PrefixCache(self.pool, self.batch)
         self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
         self.requests: dict[int, Request] = {}
         self.stats = SchedulerStats()
@@ -71,6 +71,7 @@ class Scheduler:
         self._removed: list[int] = []
         self._finished: list[Finished] = []
         self._pending_aborts: list[int] = []
+        self._prefilling: list[int] = []
 
     @property
     def has_work(self) -> bool:
@@ -131,21 +132,16 @@ class Scheduler:
         if self.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order
-        computed = self.batch.num_computed[rows]
-        scheduled = split_budget(self.batch.num_tokens[rows] - computed, budget)
-        need = self.batch.blocks_needed(rows, scheduled)
-        total_need = int(need.sum())
-        if total_need <= self.pool.num_free:
-            new_block_ids = self.pool.allocate(total_need)
+        new_block_ids = None if self._prefilling else self._schedule_decodes(rows)
+        if new_block_ids is not None:
+            overridden = np.empty(0, dtype=np.int64)
+            scheduled = overridden
+            budget -= len(rows)
             preempted = False
         else:
-            rows, scheduled, need, new_block_ids = self._allocate_or_preempt(rows, scheduled, need)
-            preempted = True
-            computed = self.batch.num_computed[rows]
-        self.batch.extend_blocks(rows, need, new_block_ids)
-        self.batch.num_computed[rows] = computed + scheduled
-        overridden = np.flatnonzero(scheduled != 1)
-        budget -= int(scheduled.sum())
+            rows, scheduled, new_block_ids, preempted = self._schedule_running(rows, budget)
+            overridden = np.flatnonzero(scheduled != 1)
+            budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
         new = [] if preempted else self._admit(budget)
         plan = BatchPlan(
@@ -157,8 +153,39 @@ class Scheduler:
             new_block_ids=pack_ids(new_block_ids),
         )
         self._removed = []
+        self._prefilling = rows[overridden].tolist() + [self.batch.slot_of[n.req_id] for n in new]
         self._in_flight = True
         return plan
+
+    def _schedule_decodes(self, rows: np.ndarray) -> np.ndarray | None:
+        """The steady-state step: every row decodes one token. Returns the new block ids, or
+        None when blocks run short and the general path must choose victims."""
+        computed = self.batch.num_computed[rows]
+        at_boundary = rows[computed % self.config.block_size == 0]
+        if len(at_boundary) > self.pool.num_free:
+            return None
+        new_block_ids = self.pool.allocate(len(at_boundary))
+        self.batch.append_blocks(at_boundary, new_block_ids)
+        self.batch.num_computed[rows] = computed + 1
+        return new_block_ids
+
+    def _schedule_running(
+        self, rows: np.ndarray, budget: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Any step: split the budget, grant blocks, preempt when they run out."""
+        computed = self.batch.num_computed[rows]
+        scheduled = split_budget(self.batch.num_tokens[rows] - computed, budget)
+        need = self.batch.blocks_needed(rows, scheduled)
+        total_need = int(need.sum())
+        preempted = total_need > self.pool.num_free
+        if preempted:
+            rows, scheduled, need, new_block_ids = self._allocate_or_preempt(rows, scheduled, need)
+            computed = self.batch.num_computed[rows]
+        else:
+            new_block_ids = self.pool.allocate(total_need)
+        self.batch.extend_blocks(rows, need, new_block_ids)
+        self.batch.num_computed[rows] = computed + scheduled
+        return rows, scheduled, new_block_ids, preempted
 
     def update(self, result: StepResult) -> EngineOutputs:
         if not self._in_flight or result.step != self.step:
@@ -178,7 +205,8 @@ class Scheduler:
         batch.num_tokens[sampling] = length
         self.stats.generation_tokens += len(sampled)
         if self.pool.enable_caching:
-            self._publish_full_blocks(rows, computed)
+            for slot in self._prefilling:
+                self.prefix_cache.publish(slot)
         req_ids = batch.req_ids[sampling]
         by_eos = sampled == batch.eos_token_id[sampling]
         ended = by_eos | (length >= batch.stop_len[sampling])
@@ -206,7 +234,7 @@ class Scheduler:
             req = self.waiting.peek()
             if req is None:
                 break
-            cached = self._cached_prefix(req)
+            cached = self.prefix_cache.lookup(req)
             num_cached = len(cached) * block_size
             count = min(len(req.token_ids) - num_cached, budget)
             need = cdiv(num_cached + count, block_size) - len(cached)
@@ -234,41 +262,6 @@ class Scheduler:
             )
             budget -= count
         return new
-
-    def _cached_prefix(self, req: Request) -> list[int]:
-        """Cached blocks of the request's known tokens, leaving at least one token to compute
-        (its logits give the next token)."""
-        if not self.pool.enable_caching:
-            return []
-        block_size = self.config.block_size
-        hashes = req.block_hashes
-        done = len(hashes) * block_size
-        hashes += chain_hashes(req.token_ids[done:], block_size, hashes[-1] if hashes else 0)
-        usable = (len(req.token_ids) - 1) // block_size
-        token_blocks = req.token_ids[: usable * block_size].reshape(usable, block_size)
-        return self.pool.cached_prefix(hashes[:usable], token_blocks)
-
-    def _publish_full_blocks(self, rows: np.ndarray, computed: np.ndarray) -> None:
-        """Publish every block that this step filled with computed KV, in waves of one block
-        per row so that a parent is always published before its child."""
-        batch = self.batch
-        block_size = batch.block_size
-        full = computed // block_size
-        filled = full > batch.num_hashed[rows]
-        if not filled.any():
-            return
-        rows, full = rows[filled], full[filled]
-        offsets = np.arange(block_size)
-        while len(rows):
-            index = batch.num_hashed[rows]
-            tokens = batch.tokens[rows[:, None], index[:, None] * block_size + offsets]
-            hashes = next_hashes(batch.last_hash[rows], tokens)
-            parents = np.where(index > 0, batch.block_table[rows, np.maximum(index - 1, 0)], -1)
-            self.pool.cache(batch.block_table[rows, index], hashes, parents, tokens)
-            batch.last_hash[rows] = hashes
-            batch.num_hashed[rows] = index + 1
-            more = index + 1 < full
-            rows, full = rows[more], full[more]
 
     def _allocate_or_preempt(
         self, rows: np.ndarray, scheduled: np.ndarray, need: np.ndarray
@@ -325,6 +318,8 @@ class Scheduler:
         self.stats.num_preemptions += 1
 
     def _drop_row(self, slot: int, keep_tokens: bool) -> Request:
+        if self.pool.enable_caching:
+            self.prefix_cache.publish(slot)
         req, blocks = self.batch.release(slot, keep_tokens)
         self.pool.release(blocks)
         self._removed.append(req.req_id)

@@ -84,6 +84,11 @@ class BatchTable:
         self.block_table[owners, cols] = block_ids
         self.num_blocks[rows] += need
 
+    def append_blocks(self, rows: np.ndarray, block_ids: np.ndarray) -> None:
+        """One more block for each row (the decode case of `extend_blocks`)."""
+        self.block_table[rows, self.num_blocks[rows]] = block_ids
+        self.num_blocks[rows] += 1
+
     def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         self.tokens[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1

@@ -17,7 +17,7 @@ ID_DTYPE: Final = np.dtype("<i4")
 
 
 def pack_ids(ids: np.ndarray | list[int]) -> bytes:
-    return np.asarray(ids, dtype=ID_DTYPE).tobytes()
+    return np.asarray(ids, dtype=ID_DTYPE).tobytes() if len(ids) else b""
 
 
 def unpack_ids(raw: bytes) -> np.ndarray:

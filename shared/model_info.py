@@ -47,6 +47,7 @@ class ModelInfo:
     tie_word_embeddings: bool
     attention_bias: bool
     chat_template: str | None
+    rope_scaling: dict | None = None
 
 
 def read_model_info(path: Path) -> ModelInfo:
@@ -112,4 +113,5 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,
+        rope_scaling=config.get("rope_scaling"),
     )

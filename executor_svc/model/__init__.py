@@ -1,0 +1,1 @@
+"""Llama-family decoders over a paged KV cache: weights, layers, forward pass."""

@@ -1,0 +1,92 @@
+"""One step's attention layout: which tokens are decodes and which are prefill chunks, built
+once per step and reused by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import reference
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """Rows are split into decodes (one new token) and prefills (several), each attended in
+    one batched call. Token tensors are in row order; `decode_tokens` / `prefill_tokens`
+    index the tokens of each group."""
+
+    slot_mapping: torch.Tensor
+    decode_tokens: torch.Tensor
+    decode_block_tables: torch.Tensor
+    decode_seq_lens: torch.Tensor
+    prefill_tokens: torch.Tensor
+    prefill_block_tables: torch.Tensor
+    prefill_seq_lens: torch.Tensor
+    prefill_query_start: torch.Tensor
+    all_decode: bool
+
+    @classmethod
+    def build(
+        cls,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> AttentionBatch:
+        query_lens = query_start_loc[1:] - query_start_loc[:-1]
+        is_decode = query_lens == 1
+        decode_rows = is_decode.nonzero().squeeze(1)
+        prefill_rows = (~is_decode).nonzero().squeeze(1)
+        prefill_lens = query_lens[prefill_rows]
+        prefill_start = torch.zeros(len(prefill_rows) + 1, dtype=torch.int64)
+        torch.cumsum(prefill_lens, 0, out=prefill_start[1:])
+        starts = query_start_loc[prefill_rows]
+        prefill_tokens = torch.repeat_interleave(starts - prefill_start[:-1], prefill_lens)
+        prefill_tokens += torch.arange(int(prefill_start[-1]), dtype=torch.int64)
+        return cls(
+            slot_mapping=slot_mapping,
+            decode_tokens=query_start_loc[decode_rows],
+            decode_block_tables=block_tables[decode_rows],
+            decode_seq_lens=seq_lens[decode_rows],
+            prefill_tokens=prefill_tokens,
+            prefill_block_tables=block_tables[prefill_rows],
+            prefill_seq_lens=seq_lens[prefill_rows],
+            prefill_query_start=prefill_start,
+            all_decode=len(prefill_rows) == 0,
+        )
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        reference.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        if self.all_decode:
+            return reference.paged_decode_attention(
+                q, k_cache, v_cache, self.decode_block_tables, self.decode_seq_lens, scale
+            )
+        out = torch.empty_like(q)
+        if len(self.decode_tokens):
+            out[self.decode_tokens] = reference.paged_decode_attention(
+                q[self.decode_tokens],
+                k_cache,
+                v_cache,
+                self.decode_block_tables,
+                self.decode_seq_lens,
+                scale,
+            )
+        out[self.prefill_tokens] = reference.paged_prefill_attention(
+            q[self.prefill_tokens],
+            k_cache,
+            v_cache,
+            self.prefill_block_tables,
+            self.prefill_seq_lens,
+            self.prefill_query_start,
+            scale,
+        )
+        return out

@@ -1,0 +1,100 @@
+"""Model weights as a Hugging Face-named state dict, from a safetensors directory or a GGUF file.
+
+A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
+later start maps the file instead of dequantizing for seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from shared.model_info import ModelInfo
+
+log = logging.getLogger(__name__)
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TURNSTILE_CACHE") or Path.home() / ".cache" / "turnstile"
+    return Path(root)
+
+
+def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
+    if path.suffix != ".gguf":
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors files in {path}")
+        weights: dict[str, torch.Tensor] = {}
+        for file in files:
+            weights.update(load_file(file))
+        return weights
+    stat = path.stat()
+    cached = cache_dir() / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}.safetensors"
+    if cached.exists():
+        return load_file(cached)
+    weights = dequantize_gguf(path, info)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    save_file(weights, partial)
+    partial.replace(cached)
+    log.info("cached dequantized weights in %s", cached)
+    return weights
+
+
+def dequantize_gguf(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
+    reader = gguf.GGUFReader(path)
+    arch = str(reader.fields["general.architecture"].contents())
+    weights = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            values = _undo_rope_permutation(values, info.num_heads)
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            values = _undo_rope_permutation(values, info.num_kv_heads)
+        weights[name] = torch.from_numpy(np.ascontiguousarray(values))
+    return weights
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[gguf_name]
+    match = _LAYER.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}"
+
+
+def _undo_rope_permutation(values: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp interleaves each head's rotary halves; Hugging Face keeps them split."""
+    rows = values.shape[0]
+    shaped = values.reshape(num_heads, rows // num_heads // 2, 2, *values.shape[1:])
+    return shaped.swapaxes(1, 2).reshape(values.shape)

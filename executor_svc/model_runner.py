@@ -1,0 +1,100 @@
+"""Runs one plan: apply it to the persistent batch, build tensors, forward, sample."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from executor_svc.model.attention import AttentionBatch
+from executor_svc.model.llama import LlamaModel
+from executor_svc.model.weights import load_weights
+from executor_svc.plan_applier import PlanApplier
+from executor_svc.sampler import Sampler
+from shared.model_info import ModelInfo, read_model_info
+from shared.protocol import BatchPlan, StepResult, pack_ids
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(slots=True, frozen=True)
+class RunnerConfig:
+    model_path: Path
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    kv_cache_gib: float = 1.5
+    num_blocks: int | None = None  # overrides kv_cache_gib
+    max_model_len: int | None = None  # defaults to the model's context
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        started = time.perf_counter()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.info: ModelInfo = read_model_info(config.model_path)
+        self.max_model_len = min(
+            config.max_model_len or self.info.max_model_len, self.info.max_model_len
+        )
+        weights = load_weights(config.model_path, self.info)
+        self.model = LlamaModel(self.info, weights, self.dtype, self.device)
+        del weights
+        self.num_blocks = config.num_blocks or self._blocks_for(config.kv_cache_gib)
+        shape = (self.num_blocks, config.block_size, self.info.num_kv_heads, self.info.head_dim)
+        # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.info.num_layers)
+        ]
+        self.applier = PlanApplier(config.max_num_seqs, self.max_model_len, config.block_size)
+        self.sampler = Sampler()
+        self.load_seconds = time.perf_counter() - started
+        log.info("model ready in %.1f s, %d KV blocks", self.load_seconds, self.num_blocks)
+
+    def _blocks_for(self, gib: float) -> int:
+        info = self.info
+        per_block = 2 * info.num_layers * self.config.block_size * info.num_kv_heads
+        per_block *= info.head_dim * self.dtype.itemsize
+        return max(1, int(gib * 2**30) // per_block)
+
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> StepResult:
+        inputs = self.applier.apply(plan)
+        if len(inputs.rows) == 0:
+            self.applier.commit(np.empty(0, dtype=np.int64))
+            return StepResult(step=plan.step)
+        device = self.device
+
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(device)
+
+        batch = AttentionBatch.build(
+            tensor(inputs.query_start_loc),
+            tensor(inputs.seq_lens),
+            tensor(inputs.block_tables),
+            tensor(inputs.slot_mapping),
+        )
+        hidden = self.model.forward(
+            tensor(inputs.input_ids), tensor(inputs.positions), batch, self.kv_caches
+        )
+        logits = self.model.logits(hidden[tensor(inputs.logits_indices)])
+        rows = inputs.sample_rows
+        table = self.applier.batch
+        params = [self.applier.sampling[slot] for slot in rows.tolist()]
+        output_index = table.num_tokens[rows] - table.num_prompt[rows]
+        tokens, logprobs = self.sampler.sample(logits, params, output_index)
+        sampled = tokens.cpu().numpy()
+        self.applier.commit(sampled)
+        return StepResult(step=plan.step, sampled=pack_ids(sampled), logprobs=logprobs)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from executor_svc.cpu_runtime import best_dtype, keep_freed_memory
 from executor_svc.model.attention import AttentionBatch
 from executor_svc.model.llama import LlamaModel
 from executor_svc.model.weights import load_weights
@@ -26,7 +27,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 @dataclass(slots=True, frozen=True)
 class RunnerConfig:
     model_path: Path
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     device: str = "cpu"
     block_size: int = 16
     max_num_seqs: int = 256
@@ -40,7 +41,10 @@ class ModelRunner:
         started = time.perf_counter()
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = DTYPES[config.dtype]
+        if self.device.type == "cpu":
+            keep_freed_memory()
+        dtype = best_dtype(self.device) if config.dtype == "auto" else config.dtype
+        self.dtype = DTYPES[dtype]
         self.info: ModelInfo = read_model_info(config.model_path)
         self.max_model_len = min(
             config.max_model_len or self.info.max_model_len, self.info.max_model_len

@@ -75,7 +75,6 @@ class Sampler:
         sampled = logprobs.gather(1, tokens[rows][:, None]).squeeze(1)
         for row, i in enumerate(wanted):
             n = params[i].logprobs
-            result[i] = [(int(tokens[i]), float(sampled[row]))] + list(
-                zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True)
-            )
+            top_n = zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True)
+            result[i] = [(int(tokens[i]), float(sampled[row])), *top_n]
         return result

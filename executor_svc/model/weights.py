@@ -7,16 +7,15 @@ later start maps the file instead of dequantizing for seconds.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from shared.model_info import ModelInfo
+from shared.model_info import ModelInfo, derived_path, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +41,6 @@ _GGUF_GLOBAL_NAMES = {
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("TURNSTILE_CACHE") or Path.home() / ".cache" / "turnstile"
-    return Path(root)
-
-
 def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
     if path.suffix != ".gguf":
         files = sorted(path.glob("*.safetensors"))
@@ -56,15 +50,11 @@ def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
         for file in files:
             weights.update(load_file(file))
         return weights
-    stat = path.stat()
-    cached = cache_dir() / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}.safetensors"
+    cached = derived_path(path, "weights.safetensors")
     if cached.exists():
         return load_file(cached)
     weights = dequantize_gguf(path, info)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(f".{os.getpid()}.tmp")
-    save_file(weights, partial)
-    partial.replace(cached)
+    write_atomically(cached, save(weights))
     log.info("cached dequantized weights in %s", cached)
     return weights
 

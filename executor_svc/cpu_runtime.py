@@ -1,0 +1,43 @@
+"""Process settings that make the CPU executor fast."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory() -> None:
+    """glibc returns large freed blocks to the OS, so each step's big temporaries page-fault
+    again (a 7 MB KV gather: 1.9 ms instead of 0.4 ms here). Keep them in the heap."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    libc.mallopt(_M_MMAP_THRESHOLD, 2**30)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def best_dtype(device: torch.device) -> str:
+    """bfloat16 where the hardware multiplies it natively (CUDA, AVX512-BF16, AMX); float32
+    elsewhere: on an AVX2-only CPU a bf16 matmul runs at 1-16 GFLOP/s against 70-90 in fp32."""
+    if device.type == "cuda" or cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        return "bfloat16"
+    return "float32"

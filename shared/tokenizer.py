@@ -1,0 +1,63 @@
+"""Text to token ids and back, plus the model's chat template, without torch.
+
+For a GGUF model the tokenizer is rebuilt from the file's vocabulary once (via transformers'
+GGUF converter) and cached as a `tokenizer.json`; later starts load that file directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+from shared.model_info import ModelInfo, derived_path
+
+
+def _load_backend(model: Path) -> tokenizers.Tokenizer:
+    if model.suffix != ".gguf":
+        return tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
+    cached = derived_path(model, "tokenizer.json")
+    if not cached.exists():
+        from transformers import AutoTokenizer  # slow to import; only for the first start
+
+        converted = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".tmp")
+        converted.backend_tokenizer.save(str(partial))
+        partial.replace(cached)
+    return tokenizers.Tokenizer.from_file(str(cached))
+
+
+class Tokenizer:
+    def __init__(self, model: Path, info: ModelInfo) -> None:
+        self.backend = _load_backend(model)
+        self.info = info
+        self.vocab_size = self.backend.get_vocab_size()
+        self._template = None
+        if info.chat_template:
+            environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True
+            )
+            self._template = environment.from_string(info.chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.backend.decode(token_ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.backend.id_to_token(token_id) or ""
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self._template is None:
+            raise ValueError("this model has no chat template")
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=self.token_text(self.info.bos_token_id),
+            eos_token=self.token_text(self.info.eos_token_id),
+        )

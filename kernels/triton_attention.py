@@ -1,0 +1,232 @@
+"""Triton kernels for CUDA: KV-cache write, paged decode attention, and prefill / chunked-prefill
+attention over paged KV. Same arguments and results as `kernels.reference`.
+
+Scores and the softmax run in fp32 whatever the cache dtype; `tl.dot` gets fp32 inputs with
+IEEE precision (bf16 dots are wrong under TRITON_INTERPRET, and tf32 would break parity).
+Block and token offsets are int64: block * stride overflows int32 on large caches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def write_kv_kernel(
+    key,
+    value,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    stride_key,
+    stride_value,
+    ROW: tl.constexpr,
+    ROW_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping + token).to(tl.int64)
+    offsets = tl.arange(0, ROW_PAD)
+    mask = offsets < ROW
+    k = tl.load(key + token * stride_key + offsets, mask=mask)
+    v = tl.load(value + token * stride_value + offsets, mask=mask)
+    tl.store(k_cache + slot * ROW + offsets, k, mask=mask)
+    tl.store(v_cache + slot * ROW + offsets, v, mask=mask)
+
+
+@triton.jit
+def paged_decode_kernel(
+    out,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_table,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    kv_head = (head // GROUP).to(tl.int64)
+    seq_len = tl.load(seq_lens + row)
+    dims = tl.arange(0, DIM_PAD)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(query + row * stride_q_token + head * stride_q_head + dims, mask=dim_ok, other=0.0)
+    q = q.to(tl.float32)
+    slots = tl.arange(0, BLOCK_SIZE)
+    running_max = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    acc = tl.zeros([DIM_PAD], tl.float32)
+    for index in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
+        block = tl.load(block_tables + row * stride_table + index).to(tl.int64)
+        visible = index * BLOCK_SIZE + slots < seq_len
+        offsets = (
+            block * stride_c_block
+            + slots[:, None] * stride_c_slot
+            + kv_head * stride_c_head
+            + dims[None, :]
+        )
+        mask = visible[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache + offsets, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_cache + offsets, mask=mask, other=0.0).to(tl.float32)
+        scores = tl.where(visible, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+        weights = tl.exp(scores - new_max)
+        rescale = tl.exp(running_max - new_max)
+        acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+        total = total * rescale + tl.sum(weights, axis=0)
+        running_max = new_max
+    result = (acc / total).to(out.dtype.element_ty)
+    tl.store(out + row * stride_o_token + head * stride_o_head + dims, result, mask=dim_ok)
+
+
+@triton.jit
+def paged_prefill_kernel(
+    out,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_table,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    kv_head = (head // GROUP).to(tl.int64)
+    first_token = tl.load(query_start_loc + row).to(tl.int64)
+    query_len = tl.load(query_start_loc + row + 1).to(tl.int64) - first_token
+    if tile * BLOCK_M < query_len:
+        seq_len = tl.load(seq_lens + row).to(tl.int64)
+        context = seq_len - query_len
+        index_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = index_m < query_len
+        dims = tl.arange(0, DIM_PAD)
+        dim_ok = dims < HEAD_DIM
+        tokens = first_token + index_m
+        q = tl.load(
+            query + tokens[:, None] * stride_q_token + head * stride_q_head + dims[None, :],
+            mask=row_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        query_pos = context + index_m
+        last_pos = context + tl.minimum(query_len, (tile + 1) * BLOCK_M) - 1
+        slots = tl.arange(0, BLOCK_SIZE)
+        running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+        for index in range(0, tl.cdiv(last_pos + 1, BLOCK_SIZE)):
+            block = tl.load(block_tables + row * stride_table + index).to(tl.int64)
+            key_pos = index * BLOCK_SIZE + slots
+            offsets = (
+                block * stride_c_block
+                + slots[:, None] * stride_c_slot
+                + kv_head * stride_c_head
+                + dims[None, :]
+            )
+            mask = (key_pos < seq_len)[:, None] & dim_ok[None, :]
+            k = tl.load(k_cache + offsets, mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(v_cache + offsets, mask=mask, other=0.0).to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            # Key 0 is visible to every query row, so no row's maximum stays -inf.
+            scores = tl.where(key_pos[None, :] <= query_pos[:, None], scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            weights = tl.exp(scores - new_max[:, None])
+            rescale = tl.exp(running_max - new_max)
+            acc = acc * rescale[:, None] + tl.dot(weights, v, input_precision="ieee")
+            total = total * rescale + tl.sum(weights, axis=1)
+            running_max = new_max
+        result = (acc / total[:, None]).to(out.dtype.element_ty)
+        tl.store(
+            out + tokens[:, None] * stride_o_token + head * stride_o_head + dims[None, :],
+            result,
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    row = k_cache.shape[2] * k_cache.shape[3]
+    write_kv_kernel[(key.shape[0],)](
+        key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
+        ROW=row, ROW_PAD=triton.next_power_of_2(row),
+    )  # fmt: skip
+
+
+def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    rows, heads, dim = query.shape
+    out = torch.empty_like(query)
+    paged_decode_kernel[(rows, heads)](
+        out, query, k_cache, v_cache, block_tables, seq_lens, scale,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *_cache_strides(k_cache),
+        GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=dim,
+        DIM_PAD=triton.next_power_of_2(dim),
+    )  # fmt: skip
+    return out
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    block_m: int = 16,
+) -> torch.Tensor:
+    _, heads, dim = query.shape
+    rows = block_tables.shape[0]
+    out = torch.empty_like(query)
+    longest = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if rows else 0
+    paged_prefill_kernel[(rows, heads, triton.cdiv(longest, block_m))](
+        out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *_cache_strides(k_cache),
+        GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m,
+        HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,110 @@
+"""Triton kernels against the torch reference (under TRITON_INTERPRET=1, set in conftest), and
+compiled ahead of time for Hopper and Ampere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels import triton_attention as triton_kernels
+
+HEADS, KV_HEADS, DIM = 9, 3, 64
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def paged_setup(
+    seq_lens: list[int], block_size: int, dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random cache and block tables: each row owns distinct, shuffled blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    widths = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(widths) + 5
+    shape = (num_blocks, block_size, KV_HEADS, DIM)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    order = torch.randperm(num_blocks, generator=generator)
+    tables = torch.zeros(len(seq_lens), max(widths), dtype=torch.int64)
+    used = 0
+    for row, width in enumerate(widths):
+        tables[row, :width] = order[used : used + width]
+        used += width
+    return k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_decode_matches_reference(dtype: torch.dtype, block_size: int) -> None:
+    seq_lens = [1, 15, 16, 17, 40, 97]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype)
+    query = torch.randn(len(seq_lens), HEADS, DIM).to(dtype)
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, tables, lens, DIM**-0.5)
+    got = triton_kernels.paged_decode_attention(query, k_cache, v_cache, tables, lens, DIM**-0.5)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_chunked_prefill_over_cached_prefix_matches_reference(
+    dtype: torch.dtype, block_size: int
+) -> None:
+    # (cached or earlier-computed tokens, new tokens this step) per row; ragged, some with
+    # no prefix, some whose chunk starts mid-block, one longer than a query tile.
+    rows = [(0, 5), (32, 17), (7, 40), (48, 16), (3, 2)]
+    seq_lens = [cached + new for cached, new in rows]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype, seed=1)
+    query_start = torch.tensor([0] + [new for _, new in rows]).cumsum(0)
+    query = torch.randn(int(query_start[-1]), HEADS, DIM).to(dtype)
+    args = (query, k_cache, v_cache, tables, lens, query_start, DIM**-0.5)
+    expected = reference.paged_prefill_attention(*args)
+    got = triton_kernels.paged_prefill_attention(*args)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_by_slot_mapping_matches_reference(dtype: torch.dtype) -> None:
+    shape = (8, 16, KV_HEADS, DIM)
+    qkv = torch.randn(10, (HEADS + 2 * KV_HEADS) * DIM).to(dtype)
+    key = qkv[:, HEADS * DIM : (HEADS + KV_HEADS) * DIM].view(10, KV_HEADS, DIM)
+    value = qkv[:, (HEADS + KV_HEADS) * DIM :].view(10, KV_HEADS, DIM)
+    slots = torch.randperm(8 * 16)[:10]
+    caches = [torch.zeros(shape, dtype=dtype) for _ in range(4)]
+    reference.write_kv(key, value, caches[0], caches[1], slots)
+    triton_kernels.write_kv(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].abs().sum() > 0
+
+
+def test_reference_prefill_equals_dense_causal_attention() -> None:
+    """The reference itself, against attention on unpaged tensors."""
+    k_cache, v_cache, tables, lens = paged_setup([21], 16, torch.float32, seed=2)
+    query = torch.randn(21, HEADS, DIM)
+    start = torch.tensor([0, 21])
+    got = reference.paged_prefill_attention(query, k_cache, v_cache, tables, lens, start, 0.125)
+    keys = k_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
+    values = v_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query, keys) * 0.125
+    scores = scores.masked_fill(torch.ones(21, 21).triu(1).bool(), float("-inf"))
+    dense = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+    torch.testing.assert_close(got, dense, atol=1e-5, rtol=0)
+
+
+def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kernels.compile_check", "90", "80"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(sizes) == {"90", "80"}
+    for per_target in sizes.values():
+        assert len(per_target) == 6 and all(size > 1000 for size in per_target.values())

@@ -16,6 +16,7 @@ from executor_svc.model.llama import LlamaModel
 from executor_svc.model.weights import load_weights
 from executor_svc.plan_applier import PlanApplier
 from executor_svc.sampler import Sampler
+from kernels import attention_backend
 from shared.model_info import ModelInfo, read_model_info
 from shared.protocol import BatchPlan, StepResult, pack_ids
 
@@ -34,6 +35,7 @@ class RunnerConfig:
     kv_cache_gib: float = 1.5
     num_blocks: int | None = None  # overrides kv_cache_gib
     max_model_len: int | None = None  # defaults to the model's context
+    attention_backend: str = "auto"  # "torch" (CPU production path) or "triton" (CUDA)
 
 
 class ModelRunner:
@@ -64,6 +66,7 @@ class ModelRunner:
         ]
         self.applier = PlanApplier(config.max_num_seqs, self.max_model_len, config.block_size)
         self.sampler = Sampler()
+        self.kernels = attention_backend(config.attention_backend, self.device.type)
         self.load_seconds = time.perf_counter() - started
         log.info("model ready in %.1f s, %d KV blocks", self.load_seconds, self.num_blocks)
 
@@ -85,6 +88,7 @@ class ModelRunner:
             return torch.from_numpy(array).to(device)
 
         batch = AttentionBatch.build(
+            self.kernels,
             tensor(inputs.query_start_loc),
             tensor(inputs.seq_lens),
             tensor(inputs.block_tables),

@@ -108,3 +108,30 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
     assert set(sizes) == {"90", "80"}
     for per_target in sizes.values():
         assert len(per_target) == 6 and all(size > 1000 for size in per_target.values())
+
+
+def test_model_on_triton_kernels_generates_what_the_torch_path_generates() -> None:
+    """The whole executor with the Triton backend (interpreted here: a real GPU is the one
+    thing this machine lacks) against the CPU production path, prefill and decode."""
+    from executor_svc.model_runner import RunnerConfig
+    from shared.model_info import embedded_model_path
+    from shared.protocol import AddRequest, pack_ids
+    from turnstile.offline import OfflineEngine
+
+    prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1021))]
+    outputs = []
+    for backend in ("torch", "triton"):
+        engine = OfflineEngine(
+            RunnerConfig(
+                embedded_model_path(), dtype="float32", num_blocks=16, max_num_seqs=2,
+                attention_backend=backend,
+            ),
+            max_num_batched_tokens=16,
+        )  # fmt: skip
+        requests = [
+            AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=3, ignore_eos=True)
+            for i, p in enumerate(prompts)
+        ]
+        outputs.append([result.token_ids for result in engine.generate(requests)])
+    assert outputs[0] == outputs[1]
+    assert all(len(tokens) == 3 for tokens in outputs[0])

@@ -4,10 +4,9 @@ once per step and reused by every layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
-
-from kernels import reference
 
 
 @dataclass(slots=True)
@@ -25,10 +24,12 @@ class AttentionBatch:
     prefill_seq_lens: torch.Tensor
     prefill_query_start: torch.Tensor
     all_decode: bool
+    kernels: ModuleType
 
     @classmethod
     def build(
         cls,
+        kernels: ModuleType,
         query_start_loc: torch.Tensor,
         seq_lens: torch.Tensor,
         block_tables: torch.Tensor,
@@ -54,6 +55,7 @@ class AttentionBatch:
             prefill_seq_lens=seq_lens[prefill_rows],
             prefill_query_start=prefill_start,
             all_decode=len(prefill_rows) == 0,
+            kernels=kernels,
         )
 
     def attend(
@@ -65,14 +67,14 @@ class AttentionBatch:
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        reference.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        self.kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if self.all_decode:
-            return reference.paged_decode_attention(
+            return self.kernels.paged_decode_attention(
                 q, k_cache, v_cache, self.decode_block_tables, self.decode_seq_lens, scale
             )
         out = torch.empty_like(q)
         if len(self.decode_tokens):
-            out[self.decode_tokens] = reference.paged_decode_attention(
+            out[self.decode_tokens] = self.kernels.paged_decode_attention(
                 q[self.decode_tokens],
                 k_cache,
                 v_cache,
@@ -80,7 +82,7 @@ class AttentionBatch:
                 self.decode_seq_lens,
                 scale,
             )
-        out[self.prefill_tokens] = reference.paged_prefill_attention(
+        out[self.prefill_tokens] = self.kernels.paged_prefill_attention(
             q[self.prefill_tokens],
             k_cache,
             v_cache,

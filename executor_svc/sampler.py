@@ -36,7 +36,7 @@ class Sampler:
     ) -> tuple[torch.Tensor, list[list[tuple[int, float]]]]:
         """Tokens for each row of float32 `logits`; `output_index[i]` is how many tokens row i
         generated before this one. Returns the tokens and, per row, [(sampled token, its
-        logprob), then the top-N] when that row asked for N logprobs, else []."""
+        logprob), then the top N] when that row asked for N logprobs, else []."""
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
         if random_rows:
@@ -64,13 +64,13 @@ class Sampler:
     def _logprobs(
         logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
     ) -> list[list[tuple[int, float]]]:
-        wanted = [i for i, p in enumerate(params) if p.logprobs > 0]
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         result: list[list[tuple[int, float]]] = [[] for _ in params]
         if not wanted:
             return result
         rows = torch.tensor(wanted)
         logprobs = logits[rows].log_softmax(dim=-1)
-        top = max(params[i].logprobs for i in wanted)
+        top = max(params[i].logprobs or 0 for i in wanted)
         top_values, top_ids = logprobs.topk(top, dim=-1)
         sampled = logprobs.gather(1, tokens[rows][:, None]).squeeze(1)
         for row, i in enumerate(wanted):

@@ -225,6 +225,7 @@ class Scheduler:
             req_ids=pack_ids(req_ids),
             token_ids=result.sampled,
             finished=self.take_finished(),
+            logprobs=result.logprobs,
         )
 
     def _admit(self, budget: int) -> list[NewRequest]:

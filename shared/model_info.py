@@ -27,8 +27,16 @@ def embedded_model_path() -> Path:
     return files[0]
 
 
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
 def resolve_model_path(model: str | None) -> Path:
     return embedded_model_path() if model in (None, "", "embedded") else Path(model)
+
+
+def served_name(model: Path) -> str:
+    """The model id clients use."""
+    return EMBEDDED_NAME if model == embedded_model_path() else model.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    logprobs: int = 0
+    logprobs: int | None = None  # None: none; N: the sampled token's and the top N
 
 
 class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -93,7 +93,8 @@ class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
 
 
 class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
-    """How a request ended: "stop", "length", "abort" or "error" (then `error` says why)."""
+    """How a request ended: "stop", "length", "abort", or "error" / "unavailable" (refused as
+    invalid / for want of an executor; `error` says why)."""
 
     req_id: int
     reason: str
@@ -107,3 +108,36 @@ class EngineOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=
     req_ids: bytes = b""
     token_ids: bytes = b""
     finished: list[Finished] = []
+    logprobs: list[list[tuple[int, float]]] = []  # aligned with req_ids when any was asked
+
+
+class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
+    """An executor introducing itself; the scheduler refuses a peer whose settings differ."""
+
+    version: int
+    rank: int
+    model: str
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_model_len: int
+
+
+class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):
+    accepted: bool
+    reason: str = ""
+
+
+class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
+    """Sent to the gateway about twice a second, and whenever readiness changes."""
+
+    ready: bool
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+ToScheduler = AddRequest | AbortRequest
+FromScheduler = EngineOutputs | SchedulerStatus
+ExecutorToScheduler = Register | StepResult
+SchedulerToExecutor = RegisterReply | BatchPlan

@@ -1,9 +1,180 @@
-"""`turnstile <command>`: one entry point for every service, offline generation and benchmarks."""
+"""`turnstile <command>`: every service, the whole stack, offline generation and benchmarks.
+
+Addresses and sizes come from flags, each with a TURNSTILE_* environment default (as compose
+sets them)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
+from pathlib import Path
+
+DEFAULT_BASE_PORT = 5601
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TURNSTILE_{name}", default)
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=_env("MODEL", "embedded"),
+        help="GGUF file or Hugging Face safetensors folder (default: the embedded SmolLM2)",
+    )
+    parser.add_argument("--block-size", type=int, default=int(_env("BLOCK_SIZE", "16")))
+    parser.add_argument("--max-num-seqs", type=int, default=int(_env("MAX_NUM_SEQS", "128")))
+
+
+def _add_addresses(parser: argparse.ArgumentParser) -> None:
+    base = DEFAULT_BASE_PORT
+    parser.add_argument("--requests-address", default=_env("REQUESTS", f"tcp://127.0.0.1:{base}"))
+    parser.add_argument("--outputs-address", default=_env("OUTPUTS", f"tcp://127.0.0.1:{base + 1}"))
+    parser.add_argument(
+        "--executors-address", default=_env("EXECUTORS", f"tcp://127.0.0.1:{base + 2}")
+    )
+
+
+def _add_executor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=_env("DEVICE", "cpu"), choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--dtype", default=_env("DTYPE", "auto"), choices=["auto", "bfloat16", "float32", "float16"]
+    )
+    parser.add_argument("--kv-cache-gib", type=float, default=float(_env("KV_CACHE_GIB", "1.5")))
+    parser.add_argument("--num-blocks", type=int, default=None, help="overrides --kv-cache-gib")
+
+
+def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=int(_env("MAX_NUM_BATCHED_TOKENS", "2048"))
+    )
+    parser.add_argument("--policy", default=_env("POLICY", "fcfs"), choices=["fcfs", "priority"])
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
+
+
+def _model_path(args: argparse.Namespace) -> Path:
+    from shared.model_info import resolve_model_path
+
+    return resolve_model_path(args.model)
+
+
+def _runner_config(args: argparse.Namespace):
+    from executor_svc.model_runner import RunnerConfig
+
+    return RunnerConfig(
+        model_path=_model_path(args),
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_gib=args.kv_cache_gib,
+        num_blocks=args.num_blocks,
+    )
+
+
+def _scheduler(args: argparse.Namespace) -> None:
+    from scheduler_svc.service import SchedulerService, SchedulerServiceConfig
+    from shared.model_info import read_model_info, served_name
+
+    path = _model_path(args)
+    info = read_model_info(path)
+    SchedulerService(
+        SchedulerServiceConfig(
+            requests_address=args.requests_address,
+            outputs_address=args.outputs_address,
+            executors_address=args.executors_address,
+            model=served_name(path),
+            eos_token_id=info.eos_token_id,
+            num_executors=args.num_executors,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=info.max_model_len,
+            policy=args.policy,
+            enable_prefix_caching=not args.no_prefix_caching,
+            metrics_port=args.metrics_port,
+        )
+    ).serve_forever()
+
+
+def _executor(args: argparse.Namespace) -> None:
+    from prometheus_client import start_http_server
+
+    from executor_svc.service import serve_executor
+    from shared.model_info import served_name
+
+    if args.metrics_port is not None:
+        start_http_server(args.metrics_port + args.rank, addr="127.0.0.1")
+    config = _runner_config(args)
+    serve_executor(args.executors_address, config, args.rank, served_name(config.model_path))
+
+
+def _gateway(args: argparse.Namespace) -> None:
+    from gateway_svc.server import serve_gateway
+
+    serve_gateway(
+        _model_path(args), args.requests_address, args.outputs_address, args.host, args.port
+    )
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from turnstile.launcher import launch
+
+    common = [
+        "--model",
+        args.model,
+        "--block-size",
+        str(args.block_size),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--requests-address",
+        args.requests_address,
+        "--outputs-address",
+        args.outputs_address,
+        "--executors-address",
+        args.executors_address,
+    ]
+    scheduler = [
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--policy",
+        args.policy,
+        "--num-executors",
+        str(args.num_executors),
+        "--metrics-port",
+        str(args.metrics_port),
+    ]
+    if args.no_prefix_caching:
+        scheduler.append("--no-prefix-caching")
+    executor = [
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--kv-cache-gib",
+        str(args.kv_cache_gib),
+        "--metrics-port",
+        str(args.metrics_port + 1),
+    ]
+    if args.num_blocks:
+        executor += ["--num-blocks", str(args.num_blocks)]
+    gateway = ["--host", args.host, "--port", str(args.port)]
+    url = f"http://{args.host}:{args.port}"
+    sys.exit(
+        launch(common, gateway, scheduler, executor, args.num_executors, url, args.ready_timeout)
+    )
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from turnstile.generate import generate_file
+
+    generate_file(
+        Path(args.input), Path(args.output), _runner_config(args), args.max_num_batched_tokens
+    )
 
 
 def _bench_scheduler(args: argparse.Namespace) -> None:
@@ -15,19 +186,64 @@ def _bench_scheduler(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="the whole stack on this host")
+    for add in (_add_model, _add_addresses, _add_executor_options, _add_scheduler_options):
+        add(serve)
+    serve.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(_env("PORT", "8000")))
+    serve.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "9101")))
+    serve.add_argument("--ready-timeout", type=float, default=300.0)
+    serve.set_defaults(handler=_serve)
+
+    scheduler = commands.add_parser("scheduler", help="the scheduler service")
+    for add in (_add_model, _add_addresses, _add_scheduler_options):
+        add(scheduler)
+    scheduler.add_argument("--metrics-port", type=int, default=None)
+    scheduler.set_defaults(handler=_scheduler)
+
+    executor = commands.add_parser("executor", help="one executor (one rank)")
+    for add in (_add_model, _add_addresses, _add_executor_options):
+        add(executor)
+    executor.add_argument("--rank", type=int, default=int(_env("RANK", "0")))
+    executor.add_argument(
+        "--metrics-port", type=int, default=None, help="serves on this port + rank"
+    )
+    executor.set_defaults(handler=_executor)
+
+    gateway = commands.add_parser("gateway", help="the OpenAI-compatible HTTP gateway")
+    for add in (_add_model, _add_addresses):
+        add(gateway)
+    gateway.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    gateway.add_argument("--port", type=int, default=int(_env("PORT", "8000")))
+    gateway.set_defaults(handler=_gateway)
+
+    generate = commands.add_parser("generate", help="offline batch generation, JSON lines")
+    _add_model(generate)
+    _add_executor_options(generate)
+    generate.add_argument("--input", required=True, help="JSON lines: prompt or messages")
+    generate.add_argument("--output", required=True)
+    generate.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    generate.set_defaults(handler=_generate)
+
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench", required=True
     )
-    scheduler = bench.add_parser("scheduler", help="scheduler alone, simulated executor")
-    scheduler.add_argument("--steps", type=int, default=300, help="timed steps per run")
-    scheduler.add_argument("--repeats", type=int, default=5, help="runs per workload")
-    scheduler.set_defaults(handler=_bench_scheduler)
+    bench_scheduler = bench.add_parser("scheduler", help="scheduler alone, simulated executor")
+    bench_scheduler.add_argument("--steps", type=int, default=300, help="timed steps per run")
+    bench_scheduler.add_argument("--repeats", type=int, default=5, help="runs per workload")
+    bench_scheduler.set_defaults(handler=_bench_scheduler)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.handler(args)
+    logging.basicConfig(
+        level=os.environ.get("TURNSTILE_LOG", "INFO"),
+        format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s",
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        args.handler(args)
 
 
 if __name__ == "__main__":

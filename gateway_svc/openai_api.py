@@ -1,0 +1,192 @@
+"""OpenAI request bodies as msgspec Structs: decoding validates them, and every failure becomes
+a 400 with an OpenAI-style error body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shared.protocol import AddRequest, SamplingParams, pack_ids
+from shared.tokenizer import Tokenizer
+
+MAX_STOP_STRINGS = 8
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", code: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code or kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "code": self.code}}
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
+    include_usage: bool = False
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=False):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Sampling(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = []
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+    n: int = 1
+    user: str | None = None
+
+    def check(self) -> None:
+        if self.n != 1:
+            raise ApiError(400, "only n=1 is supported", code="unsupported_parameter")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ApiError(400, "max_tokens must be at least 1")
+        if not 0 <= self.temperature <= 2:
+            raise ApiError(400, "temperature must lie in [0, 2]")
+        if not 0 < self.top_p <= 1:
+            raise ApiError(400, "top_p must lie in (0, 1]")
+        if self.top_k < 0 and self.top_k != -1:
+            raise ApiError(400, "top_k must be -1, 0 or positive")
+        if len(self.stop_strings) > MAX_STOP_STRINGS:
+            raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ApiError(400, "seed must lie in [0, 2**63)")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    prompt: str | list[int | str]
+    logprobs: int | None = None
+    echo: bool = False
+
+    def check(self) -> None:
+        super().check()
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) == 1 and isinstance(prompt[0], str):
+                self.prompt = prompt[0]
+            elif not all(isinstance(t, int) for t in prompt):
+                raise ApiError(400, "prompt must be a string, one string, or a list of token ids")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ApiError(400, "logprobs must lie in [0, 20]")
+        if self.echo:
+            raise ApiError(400, "echo is not supported", code="unsupported_parameter")
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        if not self.messages:
+            raise ApiError(400, "messages must not be empty")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise ApiError(400, "top_logprobs must lie in [0, 20]")
+
+
+def parse(body: bytes, kind: type[_Sampling]) -> Any:
+    try:
+        request = msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    request.check()
+    return request
+
+
+def message_text(message: ChatMessage) -> str:
+    """Text of a message whose content is a string or a list of text parts."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    parts = []
+    for part in message.content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(400, "only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def prompt_of(
+    request: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer
+) -> list[int]:
+    """Prompt token ids: the text tokenized, the ids given, or the rendered chat."""
+    if isinstance(request, ChatCompletionRequest):
+        messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
+        try:
+            return tokenizer.encode(tokenizer.render_chat(messages))
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+    if isinstance(request.prompt, str):
+        return tokenizer.encode(request.prompt)
+    ids = [int(t) for t in request.prompt]
+    if any(not 0 <= t < tokenizer.vocab_size for t in ids):
+        raise ApiError(400, f"prompt token ids must lie in [0, {tokenizer.vocab_size})")
+    return ids
+
+
+def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return (request.top_logprobs or 0) if request.logprobs else None
+    return request.logprobs
+
+
+def engine_request(
+    request: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_model_len: int
+) -> AddRequest:
+    """The scheduler's view of a request; refuses one that cannot fit the context."""
+    asked = request.max_tokens
+    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
+        asked = request.max_completion_tokens
+    prompt_len = len(prompt_ids)
+    if prompt_len == 0:
+        raise ApiError(400, "the prompt is empty")
+    room = max_model_len - prompt_len
+    if room < 1 or (asked is not None and asked > room):
+        wanted = prompt_len + (asked or 1)
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {wanted} tokens ({prompt_len} in the prompt, {wanted - prompt_len} for "
+            "the completion). Please shorten the prompt or lower max_tokens.",
+            code="context_length_exceeded",
+        )
+    return AddRequest(
+        req_id=0,
+        prompt_ids=pack_ids(prompt_ids),
+        max_tokens=asked if asked is not None else room,
+        sampling=SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=max(request.top_k, 0),
+            seed=request.seed,
+            logprobs=logprobs_of(request),
+        ),
+        stop_token_ids=request.stop_token_ids,
+        ignore_eos=request.ignore_eos,
+        priority=request.priority,
+    )

@@ -1,0 +1,43 @@
+"""Runs the gateway: aiohttp on uvloop, cancelling a handler when its client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from gateway_svc.app import Gateway
+from gateway_svc.engine_client import EngineClient
+from shared.model_info import read_model_info, served_name
+from shared.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+async def _serve(
+    model: Path, requests_address: str, outputs_address: str, host: str, port: int
+) -> None:
+    info = read_model_info(model)
+    engine = EngineClient(requests_address, outputs_address)
+    engine.start()
+    gateway = Gateway(engine, Tokenizer(model, info), served_name(model), info.max_model_len)
+    # handler_cancellation: a client that goes away cancels its handler, which aborts the
+    # request and frees its KV blocks.
+    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("gateway listening on http://%s:%d", host, port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+        await engine.close()
+
+
+def serve_gateway(
+    model: Path, requests_address: str, outputs_address: str, host: str, port: int
+) -> None:
+    uvloop.run(_serve(model, requests_address, outputs_address, host, port))

@@ -1,0 +1,52 @@
+"""Token ids to text as they arrive: never a broken UTF-8 character, and stop strings cut
+exactly, even when one spans several tokens."""
+
+from __future__ import annotations
+
+from shared.tokenizer import Tokenizer
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stop_strings: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = stop_strings
+        self.token_ids: list[int] = []
+        self.text = ""  # everything decoded so far, stop string excluded once found
+        self.emitted = 0  # characters of `text` already handed out
+        self.stopped = False
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._hold = max((len(s) for s in stop_strings), default=1) - 1
+
+    def add(self, token_id: int) -> str:
+        """Append a token; returns the text that is now safe to emit."""
+        self.token_ids.append(token_id)
+        tokens = self.token_ids
+        decode = self.tokenizer.decode
+        prefix = decode(tokens[self._prefix_offset : self._read_offset])
+        full = decode(tokens[self._prefix_offset :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""  # an incomplete UTF-8 sequence, or nothing visible yet
+        self.text += full[len(prefix) :]
+        # Decoding against the previous token keeps spaces and merges as a full decode has them.
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(tokens)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The text still held back, once no token will follow."""
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stop_strings and not self.stopped:
+            window = max(self.emitted - self._hold, 0)
+            found = [i for s in self.stop_strings if (i := self.text.find(s, window)) >= 0]
+            if found:
+                self.text = self.text[: min(found)]
+                self.stopped = True
+        end = len(self.text) if final or self.stopped else len(self.text) - self._hold
+        if end <= self.emitted:
+            return ""
+        chunk = self.text[self.emitted : end]
+        self.emitted = end
+        return chunk

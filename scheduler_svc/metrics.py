@@ -1,0 +1,70 @@
+"""The scheduler's Prometheus series, named after vLLM's under our prefix."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from scheduler_svc.scheduler import Scheduler
+
+_STEP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.05, 0.25)
+_EXECUTOR_BUCKETS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.running = Gauge("turnstile:num_requests_running", "Requests in the running batch")
+        self.waiting = Gauge("turnstile:num_requests_waiting", "Requests waiting to be admitted")
+        self.kv_usage = Gauge("turnstile:kv_cache_usage_perc", "Fraction of KV blocks in use")
+        self.kv_free = Gauge("turnstile:kv_cache_free_blocks", "KV blocks free")
+        self.kv_total = Gauge("turnstile:kv_cache_total_blocks", "KV blocks in all")
+        self.prefix_queries = Counter("turnstile:prefix_cache_queries", "Prompt tokens looked up")
+        self.prefix_hits = Counter("turnstile:prefix_cache_hits", "Prompt tokens found cached")
+        self.preemptions = Counter("turnstile:num_preemptions", "Requests preempted")
+        self.prompt_tokens = Counter("turnstile:prompt_tokens", "Prompt tokens admitted")
+        self.generation_tokens = Counter("turnstile:generation_tokens", "Tokens generated")
+        self.finished = Counter(
+            "turnstile:request_success", "Requests that ended", ["finished_reason"]
+        )
+        self.step_seconds = Histogram(
+            "turnstile:scheduler_step_seconds",
+            "Scheduler CPU time per step (schedule + update)",
+            buckets=_STEP_BUCKETS,
+        )
+        self.executor_seconds = Histogram(
+            "turnstile:executor_step_seconds",
+            "Time from sending a plan to receiving its result",
+            buckets=_EXECUTOR_BUCKETS,
+        )
+        self.plan_bytes = Histogram(
+            "turnstile:plan_bytes",
+            "Encoded batch plan size",
+            buckets=(16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536),
+        )
+        self._seen = (0, 0, 0, 0, 0)
+
+    def observe(self, scheduler: Scheduler) -> None:
+        stats = scheduler.stats
+        pool = scheduler.pool
+        self.running.set(len(scheduler.batch))
+        self.waiting.set(len(scheduler.waiting))
+        self.kv_usage.set(pool.num_used / pool.num_blocks)
+        self.kv_free.set(pool.num_free)
+        self.kv_total.set(pool.num_blocks)
+        now = (
+            stats.prefix_cache_queries,
+            stats.prefix_cache_hits,
+            stats.num_preemptions,
+            stats.prompt_tokens,
+            stats.generation_tokens,
+        )
+        counters = (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+        )
+        for counter, value, seen in zip(counters, now, self._seen, strict=True):
+            if value > seen:
+                counter.inc(value - seen)
+        self._seen = now

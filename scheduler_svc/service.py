@@ -1,0 +1,209 @@
+"""The scheduler process: requests in from gateways, plans out to executors, tokens back.
+
+One thread, one poll loop. A step is in flight from sending its plan until its result comes
+back; meanwhile new requests and aborts are queued and take effect at the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import zmq
+from prometheus_client import start_http_server
+
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.scheduler import Scheduler
+from shared.config import SchedulerConfig
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    AbortRequest,
+    AddRequest,
+    EngineOutputs,
+    ExecutorToScheduler,
+    Finished,
+    Register,
+    RegisterReply,
+    SchedulerStatus,
+    StepResult,
+    ToScheduler,
+)
+from shared.zmq_io import FrameCodec, make_socket
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL = 0.5
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerServiceConfig:
+    requests_address: str  # bound PULL: gateways push AddRequest / AbortRequest
+    outputs_address: str  # bound PUSH: EngineOutputs and SchedulerStatus to the gateway
+    executors_address: str  # bound ROUTER: executors register, take plans, return results
+    model: str
+    eos_token_id: int
+    num_executors: int = 1
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = True
+    metrics_port: int | None = None
+
+
+class SchedulerService:
+    def __init__(self, config: SchedulerServiceConfig) -> None:
+        self.config = config
+        context = zmq.Context.instance()
+        self.requests = make_socket(context, zmq.PULL, config.requests_address, bind=True)
+        self.outputs = make_socket(context, zmq.PUSH, config.outputs_address, bind=True)
+        self.executors = make_socket(context, zmq.ROUTER, config.executors_address, bind=True)
+        self.request_codec: FrameCodec[ToScheduler] = FrameCodec(ToScheduler, "scheduler.requests")
+        self.executor_codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
+            ExecutorToScheduler, "scheduler.executors"
+        )
+        self.metrics = SchedulerMetrics()
+        self.scheduler: Scheduler | None = None
+        self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
+        self.in_flight: tuple[int, float] | None = None  # step number, send time
+        self._last_status = 0.0
+
+    def serve_forever(self) -> None:
+        if self.config.metrics_port is not None:
+            start_http_server(self.config.metrics_port, addr="127.0.0.1")
+        poller = zmq.Poller()
+        poller.register(self.requests, zmq.POLLIN)
+        poller.register(self.executors, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
+            if self.executors in ready:
+                self._drain_executors()
+            if self.requests in ready:
+                self._drain_requests()
+            self._maybe_step()
+            if time.monotonic() - self._last_status >= STATUS_INTERVAL:
+                self._send_status()
+
+    def _drain_requests(self) -> None:
+        while self.requests.poll(0):
+            message = self.request_codec.decode(self.requests.recv())
+            if message is None:
+                continue
+            if self.scheduler is None:
+                if isinstance(message, AddRequest):
+                    self._fail(message.req_id, "no executor is ready", "unavailable")
+                continue
+            if isinstance(message, AbortRequest):
+                self.scheduler.abort(message.req_id)
+                continue
+            try:
+                self.scheduler.add_request(message)
+            except ValueError as exc:
+                self._fail(message.req_id, str(exc))
+        if self.scheduler is not None and self.in_flight is None:
+            self._flush_finished()
+
+    def _drain_executors(self) -> None:
+        while self.executors.poll(0):
+            identity, frame = self.executors.recv_multipart()
+            message = self.executor_codec.decode(frame)
+            if isinstance(message, Register):
+                self._register(identity, message)
+            elif isinstance(message, StepResult):
+                self._finish_step(message)
+
+    def _register(self, identity: bytes, hello: Register) -> None:
+        config = self.config
+        expected = (PROTOCOL_VERSION, config.block_size, config.max_num_seqs, config.model)
+        offered = (hello.version, hello.block_size, hello.max_num_seqs, hello.model)
+        reason = ""
+        if offered != expected:
+            reason = f"executor offers (version, block_size, max_num_seqs, model) = {offered}; "
+            reason += f"this scheduler runs {expected}"
+        elif not 0 <= hello.rank < config.num_executors:
+            reason = f"rank {hello.rank} is outside 0..{config.num_executors - 1}"
+        self.executors.send_multipart(
+            [identity, self.executor_codec.encode(RegisterReply(not reason, reason))]
+        )
+        if reason:
+            log.error("refused an executor: %s", reason)
+            return
+        self.peers[hello.rank] = identity
+        log.info("executor rank %d registered with %d KV blocks", hello.rank, hello.num_blocks)
+        if self.scheduler is None and len(self.peers) == config.num_executors:
+            self.scheduler = Scheduler(
+                SchedulerConfig(
+                    num_blocks=hello.num_blocks,
+                    block_size=config.block_size,
+                    max_num_seqs=config.max_num_seqs,
+                    max_num_batched_tokens=config.max_num_batched_tokens,
+                    max_model_len=min(config.max_model_len, hello.max_model_len),
+                    policy=config.policy,  # type: ignore[arg-type]
+                    enable_prefix_caching=config.enable_prefix_caching,
+                ),
+                eos_token_id=config.eos_token_id,
+            )
+            self._send_status()
+
+    def _maybe_step(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or self.in_flight is not None or not scheduler.has_work:
+            return
+        started = time.perf_counter()
+        frame = self.executor_codec.encode(scheduler.schedule())
+        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        self.metrics.plan_bytes.observe(len(frame))
+        for identity in self.peers.values():
+            self.executors.send_multipart([identity, frame])
+        self.in_flight = (scheduler.step, time.perf_counter())
+
+    def _finish_step(self, result: StepResult) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or self.in_flight is None or result.step != self.in_flight[0]:
+            log.warning("dropped a result for step %d, which is not in flight", result.step)
+            return
+        received = time.perf_counter()
+        self.metrics.executor_seconds.observe(received - self.in_flight[1])
+        self.in_flight = None
+        outputs = scheduler.update(result)
+        self.metrics.step_seconds.observe(time.perf_counter() - received)
+        self._send_outputs(outputs)
+        self._maybe_step()
+
+    def _fail(self, req_id: int, error: str, reason: str = "error") -> None:
+        self._send_outputs(EngineOutputs(step=0, finished=[Finished(req_id, reason, error)]))
+
+    def _flush_finished(self) -> None:
+        assert self.scheduler is not None
+        finished = self.scheduler.take_finished()
+        if finished:
+            self._send_outputs(EngineOutputs(step=self.scheduler.step, finished=finished))
+
+    def _send_outputs(self, outputs: EngineOutputs) -> None:
+        for ended in outputs.finished:
+            self.metrics.finished.labels(ended.reason).inc()
+        self._send_to_gateway(outputs)
+
+    def _send_status(self) -> None:
+        self._last_status = time.monotonic()
+        scheduler = self.scheduler
+        if scheduler is not None:
+            self.metrics.observe(scheduler)
+        pool = scheduler.pool if scheduler else None
+        status = SchedulerStatus(
+            ready=scheduler is not None,
+            num_running=len(scheduler.batch) if scheduler else 0,
+            num_waiting=len(scheduler.waiting) if scheduler else 0,
+            kv_cache_usage=pool.num_used / pool.num_blocks if pool else 0.0,
+        )
+        self._send_to_gateway(status)
+
+    def _send_to_gateway(self, message: EngineOutputs | SchedulerStatus) -> None:
+        # Never block the loop on a missing or stalled gateway: with no one to read them,
+        # these messages have no reader to lose.
+        try:
+            self.outputs.send(self.request_codec.encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("no gateway is reading; dropped a %s", type(message).__name__)

@@ -1,0 +1,88 @@
+"""`turnstile serve`: the scheduler, the executor(s) and the gateway as child processes of one
+command, which waits for readiness, prints the URL, and stops them all on Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Addresses:
+    requests: str
+    outputs: str
+    executors: str
+
+    @classmethod
+    def loopback(cls, base_port: int) -> Addresses:
+        return cls(*(f"tcp://127.0.0.1:{base_port + i}" for i in range(3)))
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "turnstile.cli", *args])
+
+
+def launch(
+    common: list[str],
+    gateway: list[str],
+    scheduler: list[str],
+    executor: list[str],
+    num_executors: int,
+    url: str,
+    ready_timeout: float,
+) -> int:
+    """Start everything, wait for /health, then supervise until a signal or a child exits."""
+    children = [_spawn(["scheduler", *common, *scheduler])]
+    children += [
+        _spawn(["executor", *common, *executor, "--rank", str(rank)])
+        for rank in range(num_executors)
+    ]
+    children.append(_spawn(["gateway", *common, *gateway]))
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    started = time.monotonic()
+    announced = False
+    code = 0
+    while not stopping:
+        if any(child.poll() is not None for child in children):
+            code = next(c.returncode for c in children if c.returncode is not None) or 1
+            print("turnstile: a service exited; stopping the others", file=sys.stderr)
+            break
+        if not announced:
+            if _healthy(url):
+                ready_in = time.monotonic() - started
+                print(f"Turnstile is serving at {url} (ready in {ready_in:.1f} s)", flush=True)
+                announced = True
+            elif time.monotonic() - started > ready_timeout:
+                print("turnstile: not ready in time; stopping", file=sys.stderr)
+                code = 1
+                break
+        time.sleep(0.2)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return code
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False

@@ -1,0 +1,84 @@
+"""Starts the real `turnstile serve` (scheduler, executor and gateway processes over ZeroMQ on
+loopback) on free ports, and stops it after the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@dataclass(slots=True)
+class Service:
+    url: str
+    metrics_port: int  # the scheduler's; the executor's is the next one
+    process: subprocess.Popen[bytes]
+
+    def scrape(self, port: int | None = None) -> dict[str, float]:
+        """Unlabelled and labelled series of one service's /metrics, by full name."""
+        target = f"http://127.0.0.1:{port or self.metrics_port}/metrics"
+        with urllib.request.urlopen(target, timeout=5) as response:
+            text = response.read().decode()
+        series = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                series[name] = float(value)
+        return series
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def running_service(*extra: str, ready_timeout: float = 180) -> Iterator[Service]:
+    http, requests, outputs, executors, metrics, _ = free_ports(6)
+    command = [
+        sys.executable, "-m", "turnstile.cli", "serve",
+        "--port", str(http), "--metrics-port", str(metrics),
+        "--requests-address", f"tcp://127.0.0.1:{requests}",
+        "--outputs-address", f"tcp://127.0.0.1:{outputs}",
+        "--executors-address", f"tcp://127.0.0.1:{executors}",
+        *extra,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env={**os.environ, "TURNSTILE_LOG": "WARNING"})
+    url = f"http://127.0.0.1:{http}"
+    deadline = time.monotonic() + ready_timeout
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"turnstile serve exited with {process.returncode}")
+            if _healthy(url):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("turnstile serve did not become ready")
+            time.sleep(0.3)
+        yield Service(url, metrics, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test
+.PHONY: serve test prometheus
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -13,9 +13,14 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/turnstile bench scheduler
+	$(BIN)/turnstile serve
 
-test: $(STAMP)
+# The monitoring test scrapes the services with a real Prometheus server (Debian's package).
+prometheus:
+	command -v prometheus >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: $(STAMP) prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports

@@ -6,6 +6,7 @@ import logging
 import sys
 
 import zmq
+from prometheus_client import Histogram
 
 from executor_svc.model_runner import ModelRunner, RunnerConfig
 from executor_svc.plan_applier import PlanError
@@ -21,6 +22,11 @@ from shared.zmq_io import FrameCodec, make_socket
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_MS = 30_000
+FORWARD_SECONDS = Histogram(
+    "turnstile:executor_forward_seconds",
+    "Executor time per plan: apply, forward, sample",
+    buckets=(1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 
 
 def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, model: str) -> None:
@@ -52,7 +58,8 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
         if not isinstance(plan, BatchPlan):
             continue
         try:
-            result = runner.execute(plan)
+            with FORWARD_SECONDS.time():
+                result = runner.execute(plan)
         except PlanError as exc:
             # A plan that does not fit our batch means we missed one: nothing after it can be
             # trusted. Exit so the supervisor restarts us and the scheduler recomputes.

@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 
 import zmq
-from prometheus_client import start_http_server
 
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.scheduler import Scheduler
 from shared.config import SchedulerConfig
+from shared.metrics_server import serve_metrics
 from shared.protocol import (
     PROTOCOL_VERSION,
     AbortRequest,
@@ -51,6 +51,7 @@ class SchedulerServiceConfig:
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 class SchedulerService:
@@ -72,7 +73,7 @@ class SchedulerService:
 
     def serve_forever(self) -> None:
         if self.config.metrics_port is not None:
-            start_http_server(self.config.metrics_port, addr="127.0.0.1")
+            serve_metrics(self.config.metrics_port, self.config.metrics_host)
         poller = zmq.Poller()
         poller.register(self.requests, zmq.POLLIN)
         poller.register(self.executors, zmq.POLLIN)

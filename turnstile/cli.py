@@ -177,10 +177,47 @@ def _generate(args: argparse.Namespace) -> None:
     )
 
 
+def _prepare(args: argparse.Namespace) -> None:
+    """Build the caches a first start would otherwise build: model header, tokenizer,
+    dequantized weights. Later starts only map files."""
+    from executor_svc.model.weights import load_weights
+    from shared.model_info import read_model_info
+    from shared.tokenizer import Tokenizer
+
+    path = _model_path(args)
+    info = read_model_info(path)
+    Tokenizer(path, info)
+    load_weights(path, info)
+    print(f"prepared {path}")
+
+
 def _bench_scheduler(args: argparse.Namespace) -> None:
     from bench.scheduler_bench import format_table, run
 
     print(format_table(run(steps=args.steps, repeats=args.repeats)))
+
+
+def _bench_offline(args: argparse.Namespace) -> None:
+    from bench.offline_bench import run
+
+    report = run(args.prompts, args.prompt_len, args.new_tokens, args.hf_batch, args.dtype)
+    print("\n".join(report.lines()))
+
+
+def _bench_parity(args: argparse.Namespace) -> None:
+    from bench.parity_bench import agreement
+
+    for dtype, (identical, same, total) in agreement(args.new_tokens).items():
+        print(
+            f"{dtype}: {identical} of 9 prompts identical to HF fp32; "
+            f"{same} of {total} tokens ({same / total:.1%}) before the first divergence"
+        )
+
+
+def _bench_startup(args: argparse.Namespace) -> None:
+    from bench.startup_bench import report
+
+    print(report(args.runs))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-num-batched-tokens", type=int, default=2048)
     generate.set_defaults(handler=_generate)
 
+    prepare = commands.add_parser("prepare", help="build the model caches ahead of a start")
+    _add_model(prepare)
+    prepare.set_defaults(handler=_prepare)
+
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench", required=True
     )
@@ -235,6 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_scheduler.add_argument("--steps", type=int, default=300, help="timed steps per run")
     bench_scheduler.add_argument("--repeats", type=int, default=5, help="runs per workload")
     bench_scheduler.set_defaults(handler=_bench_scheduler)
+    offline = bench.add_parser("offline", help="offline throughput and latency against HF")
+    offline.add_argument("--prompts", type=int, default=64)
+    offline.add_argument("--prompt-len", type=int, default=128)
+    offline.add_argument("--new-tokens", type=int, default=128)
+    offline.add_argument("--hf-batch", type=int, default=16)
+    offline.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    offline.set_defaults(handler=_bench_offline)
+    parity = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
+    parity.add_argument("--new-tokens", type=int, default=64)
+    parity.set_defaults(handler=_bench_parity)
+    startup = bench.add_parser("startup", help="launch to first answered request")
+    startup.add_argument("--runs", type=int, default=3)
+    startup.set_defaults(handler=_bench_startup)
     return parser
 
 

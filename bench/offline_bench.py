@@ -1,0 +1,141 @@
+"""`turnstile bench offline`: our engine against Hugging Face transformers' static `generate`,
+same model, prompts, dtype and machine, in one run.
+
+Throughput: N random prompts of L tokens, M new tokens each (EOS ignored). Latency: one
+request alone, the median decode step. The matmul ceiling is this machine's measured
+matrix-multiply rate divided by the model's FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from executor_svc.cpu_runtime import best_dtype
+from executor_svc.model_runner import DTYPES, RunnerConfig
+from shared.model_info import embedded_model_path
+from shared.protocol import AddRequest, pack_ids
+from turnstile.offline import OfflineEngine
+
+
+@dataclass(slots=True)
+class OfflineReport:
+    dtype: str
+    prompts: int
+    prompt_len: int
+    new_tokens: int
+    ours_tok_s: float
+    hf_tok_s: float
+    hf_batch: int
+    ours_ms_per_token_alone: float
+    hf_ms_per_token_alone: float
+    matmul_gflops: float
+    ceiling_tok_s: float
+
+    def lines(self) -> list[str]:
+        return [
+            f"dtype {self.dtype}; {self.prompts} prompts x {self.prompt_len} in / "
+            f"{self.new_tokens} out",
+            f"turnstile: {self.ours_tok_s:.1f} output tok/s "
+            f"({self.ours_tok_s / self.ceiling_tok_s:.0%} of the matmul ceiling)",
+            f"HF transformers generate, batch {self.hf_batch}: {self.hf_tok_s:.1f} output tok/s",
+            f"ratio: {self.ours_tok_s / self.hf_tok_s:.2f}x",
+            f"alone: turnstile {self.ours_ms_per_token_alone:.1f} ms/token, "
+            f"HF {self.hf_ms_per_token_alone:.1f} ms/token",
+            f"matmul {self.matmul_gflops:.0f} GFLOP/s -> ceiling {self.ceiling_tok_s:.0f} tok/s",
+        ]
+
+
+def _matmul_gflops(dtype: torch.dtype, rows: int) -> float:
+    a = torch.randn(rows, 576, dtype=dtype)
+    b = torch.randn(1536, 576, dtype=dtype)
+    torch.nn.functional.linear(a, b)
+    runs = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(20):
+            torch.nn.functional.linear(a, b)
+        runs.append((time.perf_counter() - started) / 20)
+    return 2 * rows * 576 * 1536 / statistics.median(runs) / 1e9
+
+
+def _requests(prompts: list[list[int]], new_tokens: int) -> list[AddRequest]:
+    return [
+        AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=new_tokens, ignore_eos=True)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def run(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, dtype: str) -> OfflineReport:
+    from transformers import AutoModelForCausalLM
+
+    path = embedded_model_path()
+    dtype = best_dtype(torch.device("cpu")) if dtype == "auto" else dtype
+    rng = np.random.default_rng(0)
+    token_ids = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(prompts)]
+
+    engine = OfflineEngine(
+        RunnerConfig(path, dtype=dtype, max_num_seqs=prompts), max_num_batched_tokens=2048
+    )
+    engine.generate(_requests(token_ids[:2], 4))  # warm-up
+    started = time.perf_counter()
+    results = engine.generate(_requests(token_ids, new_tokens))
+    ours = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
+    alone = _ms_per_token_alone(engine, token_ids[0], new_tokens)
+    info = engine.runner.info
+    del engine
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=DTYPES[dtype])  # fmt: skip
+    model.generation_config.eos_token_id = None
+    generated, started = 0, time.perf_counter()
+    with torch.inference_mode():
+        for first in range(0, prompts, hf_batch):
+            batch = torch.tensor(token_ids[first : first + hf_batch])
+            out = model.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=2,
+            )
+            generated += (out.shape[1] - prompt_len) * out.shape[0]
+        hf = generated / (time.perf_counter() - started)
+        single = torch.tensor(token_ids[:1])
+        started = time.perf_counter()
+        model.generate(single, attention_mask=torch.ones_like(single), max_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=2)  # fmt: skip
+        hf_alone = (time.perf_counter() - started) * 1000 / new_tokens
+
+    gflops = _matmul_gflops(DTYPES[dtype], prompts)
+    params = (
+        info.num_layers
+        * (
+            info.hidden_size * (info.num_heads + 2 * info.num_kv_heads) * info.head_dim
+            + info.num_heads * info.head_dim * info.hidden_size
+            + 3 * info.hidden_size * info.intermediate_size
+        )
+        + info.vocab_size * info.hidden_size
+    )
+    return OfflineReport(
+        dtype=dtype, prompts=prompts, prompt_len=prompt_len, new_tokens=new_tokens,
+        ours_tok_s=ours, hf_tok_s=hf, hf_batch=hf_batch, ours_ms_per_token_alone=alone,
+        hf_ms_per_token_alone=hf_alone, matmul_gflops=gflops,
+        ceiling_tok_s=gflops * 1e9 / (2 * params),
+    )  # fmt: skip
+
+
+def _ms_per_token_alone(engine: OfflineEngine, prompt: list[int], new_tokens: int) -> float:
+    """Median decode step of one request alone (its prefill step left out)."""
+    scheduler, runner = engine.scheduler, engine.runner
+    scheduler.add_request(_requests([prompt], new_tokens)[0])
+    steps = []
+    while scheduler.has_work:
+        started = time.perf_counter()
+        scheduler.update(runner.execute(scheduler.schedule()))
+        steps.append(time.perf_counter() - started)
+    return statistics.median(steps[1:]) * 1000

@@ -1,0 +1,82 @@
+"""`turnstile bench parity`: how many greedy tokens match Hugging Face transformers (fp32, each
+prompt alone) when Turnstile runs the prompts together in float32 and in bfloat16."""
+
+from __future__ import annotations
+
+import torch
+
+from executor_svc.model_runner import RunnerConfig
+from shared.model_info import embedded_model_path, read_model_info
+from shared.protocol import AddRequest, pack_ids
+from shared.tokenizer import Tokenizer
+from turnstile.offline import OfflineEngine
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "woman who knew the names of every tree and every bird, and the children",
+    "def fibonacci(n):",
+    "Q: What is the boiling point of water at sea level?\nA:",
+    "List three primary colors, then explain how to mix them:",
+    "In 1969, the first humans landed on the Moon. The mission was called",
+    "Translate to French: I would like a cup of coffee, please.",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+    "The quick brown fox jumps over the lazy dog. Write a short poem about a fox and a dog who "
+    "become friends after a long winter, in the style of a nursery rhyme:",
+    "Hi",
+]
+
+
+def prompt_ids() -> list[list[int]]:
+    path = embedded_model_path()
+    tokenizer = Tokenizer(path, read_model_info(path))
+    return [tokenizer.encode(prompt) for prompt in PROMPTS]
+
+
+def hf_greedy(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    path = embedded_model_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    # Like ignore_eos: run past EOS (min_new_tokens would instead forbid EOS and change tokens).
+    model.generation_config.eos_token_id = None
+    outputs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            generated = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=2,
+            )
+            outputs.append(generated[0, len(ids) :].tolist())
+    return outputs
+
+
+def greedy_requests(prompts: list[list[int]], new_tokens: int) -> list[AddRequest]:
+    return [
+        AddRequest(req_id=i, prompt_ids=pack_ids(ids), max_tokens=new_tokens, ignore_eos=True)
+        for i, ids in enumerate(prompts)
+    ]
+
+
+def agreement(new_tokens: int = 64) -> dict[str, tuple[int, int, int]]:
+    """Per dtype: (prompts identical to HF, tokens before the first divergence, tokens)."""
+    prompts = prompt_ids()
+    reference = hf_greedy(prompts, new_tokens)
+    report = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = OfflineEngine(RunnerConfig(embedded_model_path(), dtype=dtype, num_blocks=512))
+        results = engine.generate(greedy_requests(prompts, new_tokens))
+        same_prefix = 0
+        for ours, theirs in zip(results, reference, strict=True):
+            same_prefix += next(
+                (i for i, (a, b) in enumerate(zip(ours.token_ids, theirs, strict=True)) if a != b),
+                new_tokens,
+            )
+        identical = sum(r.token_ids == t for r, t in zip(results, reference, strict=True))
+        report[dtype] = (identical, same_prefix, new_tokens * len(prompts))
+    return report

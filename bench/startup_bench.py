@@ -4,19 +4,11 @@ chat completion, over several cold process starts (model caches already built)."
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from bench.server_process import launched_server
 
 
 def _first_answer(url: str, deadline: float) -> None:
@@ -37,22 +29,11 @@ def _first_answer(url: str, deadline: float) -> None:
 def measure(runs: int = 3) -> list[float]:
     seconds = []
     for _ in range(runs):
-        http, base = _free_port(), _free_port()
         started = time.monotonic()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "turnstile.cli", "serve", "--port", str(http),
-             "--metrics-port", str(_free_port()),
-             "--requests-address", f"tcp://127.0.0.1:{base}",
-             "--outputs-address", f"tcp://127.0.0.1:{_free_port()}",
-             "--executors-address", f"tcp://127.0.0.1:{_free_port()}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            _first_answer(f"http://127.0.0.1:{http}", started + 120)
+        # launched_server returns once /health is 200; the first answer comes right after.
+        with launched_server(quiet=True) as server:
+            _first_answer(server.url, started + 120)
             seconds.append(time.monotonic() - started)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
     return seconds
 
 

@@ -143,7 +143,8 @@ class Scheduler:
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
-        new = [] if preempted else self._admit(budget)
+        closed = preempted or (self.config.static_batching and len(rows) > 0)
+        new = [] if closed else self._admit(budget)
         plan = BatchPlan(
             step=self.step,
             removed=pack_ids(self._removed),

@@ -50,6 +50,7 @@ class SchedulerServiceConfig:
     max_model_len: int = 8192
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
+    static_batching: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 
@@ -143,6 +144,7 @@ class SchedulerService:
                     max_model_len=min(config.max_model_len, hello.max_model_len),
                     policy=config.policy,  # type: ignore[arg-type]
                     enable_prefix_caching=config.enable_prefix_caching,
+                    static_batching=config.static_batching,
                 ),
                 eos_token_id=config.eos_token_id,
             )

@@ -17,6 +17,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     policy: Policy = "fcfs"
     enable_prefix_caching: bool = True
+    # The baseline continuous batching is measured against: a new batch is admitted only once
+    # the previous one has completely finished.
+    static_batching: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:

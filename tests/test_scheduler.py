@@ -200,3 +200,18 @@ def test_steady_decode_plan_is_a_few_bytes_plus_new_blocks() -> None:
         assert plan.new == [] and plan.override_ids == b""
         assert size <= 16 + 4 * len(unpack_ids(plan.new_block_ids))
     assert np.all(harness.scheduler.batch.num_tokens[harness.scheduler.batch.order] > 8)
+
+
+def test_static_batching_admits_a_new_batch_only_when_the_last_is_done() -> None:
+    lengths = {0: 3, 1: 9, 2: 2, 3: 2}
+    harness = Harness(config(max_num_seqs=2, static_batching=True), lengths)
+    for i in range(4):
+        harness.add(i, [5, 6, 7], max_tokens=20)
+    admitted_at = {}
+    while harness.scheduler.has_work:
+        plan = harness.step()
+        for new in plan.new:
+            admitted_at[new.req_id] = len(harness.plans)
+    # Requests 2 and 3 wait for the whole first batch, the 9-token request 1 included.
+    assert admitted_at[0] == admitted_at[1] == 1
+    assert admitted_at[2] == admitted_at[3] == 1 + 9  # the step after request 1 ends

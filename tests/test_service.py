@@ -13,25 +13,26 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from service_fixture import Service, running_service
+
+from bench.server_process import Server, launched_server
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish."]
 
 
 @pytest.fixture(scope="module")
-def service() -> Iterator[Service]:
+def service() -> Iterator[Server]:
     # A small KV cache (256 blocks of 16 tokens) so that load really shares it.
-    with running_service("--num-blocks", "256", "--max-num-seqs", "32") as running:
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "32") as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def client(service: Service) -> openai.OpenAI:
+def client(service: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{service.url}/v1", api_key="unused", max_retries=0)
 
 
-def test_models_and_health(service: Service, client: openai.OpenAI) -> None:
+def test_models_and_health(service: Server, client: openai.OpenAI) -> None:
     assert [model.id for model in client.models.list().data] == [MODEL]
 
 
@@ -90,7 +91,7 @@ def test_logprobs_and_seeded_sampling(client: openai.OpenAI) -> None:
     assert all(entry.logprob == pytest.approx(entry.top_logprobs[0].logprob) for entry in content)
 
 
-def test_32_concurrent_streams_all_finish(service: Service) -> None:
+def test_32_concurrent_streams_all_finish(service: Server) -> None:
     async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, str]:
         body = {
             "model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 16 + i % 5,
@@ -150,7 +151,7 @@ def test_greedy_over_http_equals_turnstile_generate(client: openai.OpenAI, tmp_p
     ],
 )
 def test_bad_requests_get_openai_errors(
-    service: Service, path: str, body: bytes, status: int, words: str
+    service: Server, path: str, body: bytes, status: int, words: str
 ) -> None:
     import urllib.error
     import urllib.request
@@ -163,7 +164,7 @@ def test_bad_requests_get_openai_errors(
     assert words in error["message"] and error["type"] and error["code"]
 
 
-def test_a_disconnected_stream_frees_its_kv_blocks(service: Service) -> None:
+def test_a_disconnected_stream_frees_its_kv_blocks(service: Server) -> None:
     async def read_a_little_then_leave() -> None:
         body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 2000,
                 "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
@@ -189,14 +190,14 @@ def test_a_disconnected_stream_frees_its_kv_blocks(service: Service) -> None:
     assert series['turnstile:request_success_total{finished_reason="abort"}'] >= 1
 
 
-def test_a_real_prometheus_scrapes_every_service(service: Service, tmp_path: Path) -> None:
+def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path) -> None:
     """Debian's prometheus (installed by `make test`) scrapes gateway, scheduler and executor;
     the series are read back through its HTTP API."""
     import shutil
     import urllib.parse
     import urllib.request
 
-    from service_fixture import free_ports
+    from bench.server_process import free_ports
 
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: `make test` installs Debian's package"

@@ -53,6 +53,11 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default=_env("POLICY", "fcfs"), choices=["fcfs", "priority"])
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--static-batching",
+        action="store_true",
+        help="baseline for benchmarks: admit a new batch only when the last one is done",
+    )
     parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
 
 
@@ -96,6 +101,7 @@ def _scheduler(args: argparse.Namespace) -> None:
             max_model_len=info.max_model_len,
             policy=args.policy,
             enable_prefix_caching=not args.no_prefix_caching,
+            static_batching=args.static_batching,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -150,6 +156,8 @@ def _serve(args: argparse.Namespace) -> None:
     ]
     if args.no_prefix_caching:
         scheduler.append("--no-prefix-caching")
+    if args.static_batching:
+        scheduler.append("--static-batching")
     executor = [
         "--device",
         args.device,

@@ -1,5 +1,4 @@
-"""Starts the real `turnstile serve` (scheduler, executor and gateway processes over ZeroMQ on
-loopback) on free ports, and stops it after the tests."""
+"""Launch a real `turnstile serve` on free loopback ports, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -25,14 +24,22 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 @dataclass(slots=True)
-class Service:
+class Server:
     url: str
     metrics_port: int  # the scheduler's; the executor's is the next one
     process: subprocess.Popen[bytes]
 
     def scrape(self, port: int | None = None) -> dict[str, float]:
-        """Unlabelled and labelled series of one service's /metrics, by full name."""
+        """Every sample of one service's /metrics, by its full name with labels."""
         target = f"http://127.0.0.1:{port or self.metrics_port}/metrics"
         with urllib.request.urlopen(target, timeout=5) as response:
             text = response.read().decode()
@@ -44,16 +51,10 @@ class Service:
         return series
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
-def running_service(*extra: str, ready_timeout: float = 180) -> Iterator[Service]:
+def launched_server(
+    *extra: str, ready_timeout: float = 180, quiet: bool = True
+) -> Iterator[Server]:
     http, requests, outputs, executors, metrics, _ = free_ports(6)
     command = [
         sys.executable, "-m", "turnstile.cli", "serve",
@@ -63,19 +64,19 @@ def running_service(*extra: str, ready_timeout: float = 180) -> Iterator[Service
         "--executors-address", f"tcp://127.0.0.1:{executors}",
         *extra,
     ]  # fmt: skip
-    process = subprocess.Popen(command, env={**os.environ, "TURNSTILE_LOG": "WARNING"})
+    env = {**os.environ, "TURNSTILE_LOG": "WARNING"}
+    output = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen(command, env=env, stdout=output)
     url = f"http://127.0.0.1:{http}"
     deadline = time.monotonic() + ready_timeout
     try:
-        while True:
+        while not healthy(url):
             if process.poll() is not None:
                 raise RuntimeError(f"turnstile serve exited with {process.returncode}")
-            if _healthy(url):
-                break
             if time.monotonic() > deadline:
                 raise RuntimeError("turnstile serve did not become ready")
-            time.sleep(0.3)
-        yield Service(url, metrics, process)
+            time.sleep(0.2)
+        yield Server(url, metrics, process)
     finally:
         process.send_signal(signal.SIGTERM)
         try:

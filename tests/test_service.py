@@ -252,3 +252,35 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=10)
+
+
+def test_bench_client_agrees_with_the_servers_prometheus_counters(server_for_bench: Server) -> None:
+    import asyncio as aio
+
+    from bench import serve_bench
+
+    before = server_for_bench.scrape()
+    jobs = serve_bench.make_jobs("longtail", 12, 16, 8, seed=3)
+    outcomes, duration = aio.run(
+        serve_bench.run_load(server_for_bench.url, MODEL, jobs, float("inf"), 8, 0, progress=False)
+    )
+    summary = serve_bench.summarize(outcomes, duration, slo_ttft=60, slo_tpot=60)
+    time.sleep(1.2)  # the scheduler refreshes its series twice a second
+    after = server_for_bench.scrape()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    assert summary["output_tokens"] == sum(j.output_len for j in jobs)
+    assert grew("turnstile:generation_tokens_total") == summary["output_tokens"]
+    assert grew("turnstile:prompt_tokens_total") == summary["prompt_tokens"]
+    assert grew('turnstile:request_success_total{finished_reason="length"}') == 12
+    assert summary["goodput"] == summary["request_throughput"]
+
+
+@pytest.fixture(scope="module")
+def server_for_bench() -> Iterator[Server]:
+    """A server of its own, so that no other test's traffic mixes into the counters."""
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "8") as running:
+        yield running

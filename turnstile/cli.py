@@ -228,6 +228,49 @@ def _bench_startup(args: argparse.Namespace) -> None:
     print(report(args.runs))
 
 
+def _bench_serve(args: argparse.Namespace) -> None:
+    import asyncio
+    import json
+
+    from bench import serve_bench
+
+    jobs = serve_bench.make_jobs(
+        args.dataset,
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.seed,
+        args.range_ratio,
+        args.num_prefixes,
+        args.prefix_len,
+    )
+    outcomes, duration = asyncio.run(
+        serve_bench.run_load(args.url, args.model, jobs, args.rate, args.concurrency, args.seed)
+    )
+    summary = serve_bench.summarize(outcomes, duration, args.slo_ttft, args.slo_tpot)
+    print(json.dumps(summary, indent=2))
+    if args.result_json:
+        Path(args.result_json).write_text(json.dumps(serve_bench.result_record(outcomes, summary)))
+    if args.plot:
+        serve_bench.plot(outcomes, args.plot, f"{args.dataset}, {args.num_prompts} requests")
+
+
+def _bench_compare(args: argparse.Namespace) -> None:
+    import json
+
+    from bench.compare_bench import compare
+
+    results = compare(
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.max_num_seqs,
+        args.seed,
+        args.plot_prefix,
+    )
+    print(json.dumps(results, indent=2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -291,6 +334,39 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--hf-batch", type=int, default=16)
     offline.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     offline.set_defaults(handler=_bench_offline)
+    serve_load = bench.add_parser("serve", help="load an OpenAI-compatible server")
+    serve_load.add_argument("--url", default="http://127.0.0.1:8000")
+    serve_load.add_argument("--model", default="SmolLM2-135M-Instruct")
+    serve_load.add_argument(
+        "--dataset", default="random", choices=["random", "longtail", "shared-prefix"]
+    )
+    serve_load.add_argument("--num-prompts", type=int, default=64)
+    serve_load.add_argument("--input-len", type=int, default=128)
+    serve_load.add_argument("--output-len", type=int, default=128)
+    serve_load.add_argument("--range-ratio", type=float, default=0.0)
+    serve_load.add_argument("--num-prefixes", type=int, default=4)
+    serve_load.add_argument("--prefix-len", type=int, default=512)
+    serve_load.add_argument(
+        "--rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals per second (default: all at once)",
+    )
+    serve_load.add_argument("--concurrency", type=int, default=None)
+    serve_load.add_argument("--seed", type=int, default=0)
+    serve_load.add_argument("--slo-ttft", type=float, default=2.0, help="seconds, for goodput")
+    serve_load.add_argument("--slo-tpot", type=float, default=0.2, help="seconds, for goodput")
+    serve_load.add_argument("--result-json", default=None)
+    serve_load.add_argument("--plot", default=None, help="PNG of latency distributions")
+    serve_load.set_defaults(handler=_bench_serve)
+    versus = bench.add_parser("compare", help="continuous vs static batching on longtail")
+    versus.add_argument("--num-prompts", type=int, default=64)
+    versus.add_argument("--input-len", type=int, default=32)
+    versus.add_argument("--output-len", type=int, default=64, help="lognormal median")
+    versus.add_argument("--max-num-seqs", type=int, default=16)
+    versus.add_argument("--seed", type=int, default=0)
+    versus.add_argument("--plot-prefix", default="", help="write PREFIX-{continuous,static}.png")
+    versus.set_defaults(handler=_bench_compare)
     parity = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     parity.add_argument("--new-tokens", type=int, default=64)
     parity.set_defaults(handler=_bench_parity)

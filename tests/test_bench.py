@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from bench.compare_bench import ideal_ratio
+from bench.serve_bench import Job, Outcome, make_jobs, summarize
+
+
+def test_datasets_are_seeded_and_shaped_as_documented() -> None:
+    assert make_jobs("longtail", 50, 16, 64, seed=1) == make_jobs("longtail", 50, 16, 64, seed=1)
+    longtail = make_jobs("longtail", 500, 16, 64, seed=1)
+    outputs = [job.output_len for job in longtail]
+    assert min(outputs) >= 8 and max(outputs) <= 1024 and max(outputs) > 4 * 64
+    shared = make_jobs("shared-prefix", 8, 10, 5, seed=2, num_prefixes=2, prefix_len=30)
+    assert shared[0].prompt[:30] == shared[2].prompt[:30] != shared[1].prompt[:30]
+    assert all(len(job.prompt) == 40 for job in shared)
+    ranged = make_jobs("random", 200, 100, 50, seed=3, range_ratio=0.5)
+    assert {len(j.prompt) for j in ranged} <= set(range(50, 151)) and len(
+        {j.output_len for j in ranged}
+    ) > 10
+
+
+def test_ideal_ratio_is_padded_over_useful_tokens() -> None:
+    jobs = [Job([1], n) for n in (1, 1, 1, 5)]
+    assert ideal_ratio(jobs, 2) == (2 * 1 + 2 * 5) / 8
+    assert ideal_ratio(jobs, 1) == 1.0
+
+
+def test_summary_percentiles_and_goodput() -> None:
+    outcomes = [
+        Outcome(ok=True, output_tokens=11, ttft=0.1 * i, e2e=0.1 * i + 1.0, itl=[0.1] * 10)
+        for i in range(1, 11)
+    ] + [Outcome(ok=False, error="HTTP 503")]
+    summary = summarize(outcomes, duration=10.0, slo_ttft=0.5, slo_tpot=0.2)
+    assert (summary["completed"], summary["failed"]) == (10, 1)
+    assert summary["output_throughput"] == 11.0
+    assert summary["goodput"] == 0.5  # five requests met the 0.5 s TTFT objective
+    assert round(summary["tpot_ms"]["p50"], 6) == 100.0
+    assert summary["errors"] == ["HTTP 503"]

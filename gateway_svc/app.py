@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +30,12 @@ from shared.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_ERROR_STATUS = {"error": 400, "unavailable": 503}
+# How a refusal from the scheduler reaches the client: status, OpenAI error type, headers.
+_REFUSALS = {
+    "error": (400, "invalid_request_error", {}),
+    "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
+    "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
+}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -47,7 +53,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status)
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -58,21 +64,39 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 class Gateway:
     def __init__(
-        self, engine: EngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int
+        self,
+        engine: EngineClient,
+        tokenizer: Tokenizer,
+        model_name: str,
+        max_model_len: int,
+        api_key: str | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.api_key = api_key
 
     def app(self, max_body_bytes: int = 4 * 2**20) -> web.Application:
-        app = web.Application(middlewares=[openai_errors], client_max_size=max_body_bytes)
+        app = web.Application(
+            middlewares=[openai_errors, self._require_key], client_max_size=max_body_bytes
+        )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+    @web.middleware
+    async def _require_key(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """With an API key set, /v1/ wants `Authorization: Bearer <key>`; /health and
+        /metrics stay open for probes and scrapers."""
+        if self.api_key and request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
+                raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
+        return await handler(request)
 
     async def health(self, _: web.Request) -> web.Response:
         if not self.engine.ready:
@@ -144,14 +168,9 @@ class Gateway:
         while True:
             event = await stream.events.get()
             if isinstance(event, End):
-                if event.reason in _ERROR_STATUS:
-                    raise ApiError(
-                        _ERROR_STATUS[event.reason],
-                        event.error,
-                        "service_unavailable"
-                        if event.reason == "unavailable"
-                        else "invalid_request_error",
-                    )
+                if event.reason in _REFUSALS:
+                    status, kind, headers = _REFUSALS[event.reason]
+                    raise ApiError(status, event.error, kind, headers=headers)
                 yield Piece(
                     text.finish(), entries, "stop" if event.reason == "stop" else event.reason
                 )

@@ -15,13 +15,19 @@ MAX_STOP_STRINGS = 8
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", code: str = ""
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.code = code or kind
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "code": self.code}}

@@ -18,15 +18,23 @@ log = logging.getLogger(__name__)
 
 
 async def _serve(
-    model: Path, requests_address: str, outputs_address: str, host: str, port: int
+    model: Path,
+    requests_address: str,
+    outputs_address: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_body_bytes: int,
 ) -> None:
     info = read_model_info(model)
     engine = EngineClient(requests_address, outputs_address)
     engine.start()
-    gateway = Gateway(engine, Tokenizer(model, info), served_name(model), info.max_model_len)
+    gateway = Gateway(
+        engine, Tokenizer(model, info), served_name(model), info.max_model_len, api_key
+    )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(gateway.app(max_body_bytes), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("gateway listening on http://%s:%d", host, port)
@@ -38,6 +46,14 @@ async def _serve(
 
 
 def serve_gateway(
-    model: Path, requests_address: str, outputs_address: str, host: str, port: int
+    model: Path,
+    requests_address: str,
+    outputs_address: str,
+    host: str,
+    port: int,
+    api_key: str | None = None,
+    max_body_bytes: int = 4 * 2**20,
 ) -> None:
-    uvloop.run(_serve(model, requests_address, outputs_address, host, port))
+    uvloop.run(
+        _serve(model, requests_address, outputs_address, host, port, api_key, max_body_bytes)
+    )

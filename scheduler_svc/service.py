@@ -51,6 +51,7 @@ class SchedulerServiceConfig:
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
     static_batching: bool = False
+    max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 
@@ -99,6 +100,10 @@ class SchedulerService:
                 continue
             if isinstance(message, AbortRequest):
                 self.scheduler.abort(message.req_id)
+                continue
+            limit = self.config.max_waiting
+            if limit is not None and len(self.scheduler.waiting) >= limit:
+                self._fail(message.req_id, f"{limit} requests are already waiting", "overloaded")
                 continue
             try:
                 self.scheduler.add_request(message)

@@ -93,8 +93,8 @@ class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
 
 
 class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
-    """How a request ended: "stop", "length", "abort", or "error" / "unavailable" (refused as
-    invalid / for want of an executor; `error` says why)."""
+    """How a request ended: "stop", "length", "abort", or refused: "error" (invalid),
+    "overloaded" (the waiting queue is full), "unavailable" (no executor); `error` says why."""
 
     req_id: int
     reason: str

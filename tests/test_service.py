@@ -284,3 +284,69 @@ def server_for_bench() -> Iterator[Server]:
     """A server of its own, so that no other test's traffic mixes into the counters."""
     with launched_server("--num-blocks", "256", "--max-num-seqs", "8") as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def guarded_server() -> Iterator[Server]:
+    """One running sequence, at most one waiting, an API key."""
+    with launched_server(
+        "--num-blocks", "128", "--max-num-seqs", "1", "--max-waiting", "1",
+        "--api-key", "sesame",
+    ) as running:  # fmt: skip
+        yield running
+
+
+def test_api_key_is_required_on_the_api_but_not_on_probes(guarded_server: Server) -> None:
+    bad = openai.OpenAI(base_url=f"{guarded_server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as failure:
+        bad.models.list()
+    assert failure.value.body["code"] == "invalid_api_key"
+    good = openai.OpenAI(base_url=f"{guarded_server.url}/v1", api_key="sesame", max_retries=0)
+    assert [m.id for m in good.models.list().data] == [MODEL]
+    import urllib.request
+
+    with urllib.request.urlopen(f"{guarded_server.url}/health", timeout=5) as response:
+        assert response.status == 200
+
+
+def test_overload_gets_429_with_retry_after_and_no_accepted_request_is_lost(
+    guarded_server: Server,
+) -> None:
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, dict, dict]:
+        body = {"model": MODEL, "prompt": f"Request {i}", "max_tokens": 40, "ignore_eos": True,
+                "temperature": 0}  # fmt: skip
+        headers = {"Authorization": "Bearer sesame"}
+        await asyncio.sleep(0.05 * i)  # arrive in order
+        async with session.post(
+            f"{guarded_server.url}/v1/completions", json=body, headers=headers
+        ) as response:
+            return response.status, dict(response.headers), await response.json()
+
+    async def burst() -> list[tuple[int, dict, dict]]:
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(one(session, i) for i in range(6)))
+
+    results = asyncio.run(burst())
+    statuses = [status for status, _, _ in results]
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 1
+    for status, headers, body in results:
+        if status == 429:
+            assert headers["Retry-After"] == "1"
+            assert body["error"]["type"] == "rate_limit_exceeded"
+        else:
+            assert status == 200 and body["usage"]["completion_tokens"] == 40
+
+
+def test_an_oversized_body_gets_413_with_an_openai_error(guarded_server: Server) -> None:
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"prompt": "x" * (5 * 2**20)}).encode()
+    request = urllib.request.Request(
+        f"{guarded_server.url}/v1/completions", data=body, method="POST",
+        headers={"Authorization": "Bearer sesame"},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as failure:
+        urllib.request.urlopen(request, timeout=30)
+    assert failure.value.code == 413
+    assert json.loads(failure.value.read())["error"]["message"]

@@ -59,6 +59,23 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         help="baseline for benchmarks: admit a new batch only when the last one is done",
     )
     parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=int(_env("MAX_WAITING", "0")) or None,
+        help="refuse new requests (HTTP 429) while this many wait",
+    )
+
+
+def _add_gateway_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(_env("PORT", "8000")))
+    parser.add_argument(
+        "--api-key",
+        default=_env("API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on /v1/ (default: TURNSTILE_API_KEY)",
+    )
+    parser.add_argument("--max-body-mb", type=float, default=4.0)
 
 
 def _model_path(args: argparse.Namespace) -> Path:
@@ -102,6 +119,7 @@ def _scheduler(args: argparse.Namespace) -> None:
             policy=args.policy,
             enable_prefix_caching=not args.no_prefix_caching,
             static_batching=args.static_batching,
+            max_waiting=args.max_waiting,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -123,7 +141,13 @@ def _gateway(args: argparse.Namespace) -> None:
     from gateway_svc.server import serve_gateway
 
     serve_gateway(
-        _model_path(args), args.requests_address, args.outputs_address, args.host, args.port
+        _model_path(args),
+        args.requests_address,
+        args.outputs_address,
+        args.host,
+        args.port,
+        args.api_key or None,
+        int(args.max_body_mb * 2**20),
     )
 
 
@@ -158,6 +182,8 @@ def _serve(args: argparse.Namespace) -> None:
         scheduler.append("--no-prefix-caching")
     if args.static_batching:
         scheduler.append("--static-batching")
+    if args.max_waiting:
+        scheduler += ["--max-waiting", str(args.max_waiting)]
     executor = [
         "--device",
         args.device,
@@ -170,7 +196,16 @@ def _serve(args: argparse.Namespace) -> None:
     ]
     if args.num_blocks:
         executor += ["--num-blocks", str(args.num_blocks)]
-    gateway = ["--host", args.host, "--port", str(args.port)]
+    gateway = [
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--max-body-mb",
+        str(args.max_body_mb),
+    ]
+    if args.api_key:  # through the environment: a command line is visible to every user
+        os.environ["TURNSTILE_API_KEY"] = args.api_key
     url = f"http://{args.host}:{args.port}"
     sys.exit(
         launch(common, gateway, scheduler, executor, args.num_executors, url, args.ready_timeout)
@@ -276,10 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="the whole stack on this host")
-    for add in (_add_model, _add_addresses, _add_executor_options, _add_scheduler_options):
+    for add in (
+        _add_model, _add_addresses, _add_executor_options, _add_scheduler_options,
+        _add_gateway_options,
+    ):  # fmt: skip
         add(serve)
-    serve.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(_env("PORT", "8000")))
     serve.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "9101")))
     serve.add_argument("--ready-timeout", type=float, default=300.0)
     serve.set_defaults(handler=_serve)
@@ -302,10 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     executor.set_defaults(handler=_executor)
 
     gateway = commands.add_parser("gateway", help="the OpenAI-compatible HTTP gateway")
-    for add in (_add_model, _add_addresses):
+    for add in (_add_model, _add_addresses, _add_gateway_options):
         add(gateway)
-    gateway.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    gateway.add_argument("--port", type=int, default=int(_env("PORT", "8000")))
     gateway.set_defaults(handler=_gateway)
 
     generate = commands.add_parser("generate", help="offline batch generation, JSON lines")

@@ -70,6 +70,13 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - started
         log.info("model ready in %.1f s, %d KV blocks", self.load_seconds, self.num_blocks)
 
+    def reset(self, first_step: int) -> None:
+        """Forget the batch (a new or restarted scheduler): the next plan is `first_step`."""
+        self.applier = PlanApplier(
+            self.config.max_num_seqs, self.max_model_len, self.config.block_size
+        )
+        self.applier.step = first_step - 1
+
     def _blocks_for(self, gib: float) -> int:
         info = self.info
         per_block = 2 * info.num_layers * self.config.block_size * info.num_kv_heads

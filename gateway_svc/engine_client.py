@@ -96,6 +96,8 @@ class EngineClient:
                 continue
             message = self._codec.decode(await self._pull.recv())
             if isinstance(message, SchedulerStatus):
+                if self.status is not None and message.instance != self.status.instance:
+                    self._fail_all("the scheduler restarted")
                 self.status, self._status_time = message, time.monotonic()
             elif isinstance(message, EngineOutputs):
                 self._route(message)

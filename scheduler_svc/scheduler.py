@@ -119,6 +119,37 @@ class Scheduler:
             self.waiting.discard(req)
         self._end(req, "abort")
 
+    def restart(self, num_blocks: int) -> None:
+        """The executors' KV cache is gone (an executor died or was replaced): every running
+        request goes back to the front of the waiting queue with its tokens, to be recomputed,
+        and the block pool and prefix cache start empty."""
+        slots = self.batch.order.tolist()
+        running = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
+        self.stats.num_preemptions += len(running)
+        self.pool = BlockPool(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.batch = RunningBatch(
+            self.config.max_num_seqs, self.config.max_model_len, self.config.block_size
+        )
+        self.prefix_cache = PrefixCache(self.pool, self.batch)
+        for req in sorted(running, key=lambda r: r.rank(self.by_priority), reverse=True):
+            req.status = Status.WAITING
+            req.num_preemptions += 1
+            self.waiting.push_front(req)
+        self._removed, self._prefilling = [], []
+        self._in_flight = False
+        for req_id in self._pending_aborts:
+            self.abort(req_id)
+        self._pending_aborts = []
+
+    def fail_all(self, error: str) -> None:
+        """End every live request as "unavailable" (after `restart`, none is running)."""
+        for req in list(self.requests.values()):
+            if req.status is Status.RUNNING:
+                self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
+            else:
+                self.waiting.discard(req)
+            self._end(req, "unavailable", error)
+
     def take_finished(self) -> list[Finished]:
         """Endings that happened outside a step (aborts), for the caller to report."""
         finished, self._finished = self._finished, []
@@ -327,8 +358,8 @@ class Scheduler:
         self._removed.append(req.req_id)
         return req
 
-    def _end(self, req: Request, reason: str) -> None:
+    def _end(self, req: Request, reason: str, error: str = "") -> None:
         req.status = Status.FINISHED
         req.finish_reason = reason
         del self.requests[req.req_id]
-        self._finished.append(Finished(req.req_id, reason))
+        self._finished.append(Finished(req.req_id, reason, error))

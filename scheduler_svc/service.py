@@ -7,6 +7,7 @@ back; meanwhile new requests and aborts are queued and take effect at the next s
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from shared.protocol import (
     EngineOutputs,
     ExecutorToScheduler,
     Finished,
+    Heartbeat,
     Register,
     RegisterReply,
     SchedulerStatus,
@@ -52,6 +54,8 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     static_batching: bool = False
     max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
+    step_timeout: float = 60.0  # a step not answered by then counts as a lost executor
+    executor_timeout: float = 30.0  # requests fail if no executor is back by then
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 
@@ -71,7 +75,12 @@ class SchedulerService:
         self.scheduler: Scheduler | None = None
         self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
         self.in_flight: tuple[int, float] | None = None  # step number, send time
+        self.lost_since: float | None = None
+        self.instance = secrets.randbits(62)
         self._last_status = 0.0
+        # A killed executor's TCP connection drops at once: the monitor reports it in
+        # milliseconds, where a heartbeat would take seconds.
+        self.disconnects = self.executors.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def serve_forever(self) -> None:
         if self.config.metrics_port is not None:
@@ -79,22 +88,53 @@ class SchedulerService:
         poller = zmq.Poller()
         poller.register(self.requests, zmq.POLLIN)
         poller.register(self.executors, zmq.POLLIN)
+        poller.register(self.disconnects, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
+            if self.disconnects in ready:
+                self.disconnects.recv_multipart()
+                self._executor_lost("an executor disconnected")
             if self.executors in ready:
                 self._drain_executors()
+            self._check_timeouts()
             if self.requests in ready:
                 self._drain_requests()
             self._maybe_step()
             if time.monotonic() - self._last_status >= STATUS_INTERVAL:
                 self._send_status()
 
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None and len(self.peers) == self.config.num_executors
+
+    def _executor_lost(self, why: str) -> None:
+        if not self.peers or self.scheduler is None:
+            return
+        log.error("%s: re-queueing %d running requests", why, len(self.scheduler.batch))
+        self.peers.clear()
+        self.in_flight = None
+        self.lost_since = time.monotonic()
+        self.scheduler.restart(self.scheduler.pool.num_blocks)
+        self._send_status()
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        if self.in_flight is not None and now - self.in_flight[1] > self.config.step_timeout:
+            self._executor_lost(f"step {self.in_flight[0]} unanswered")
+        if self.lost_since is not None and now - self.lost_since > self.config.executor_timeout:
+            assert self.scheduler is not None
+            error = f"no executor came back within {self.config.executor_timeout:.0f} s"
+            log.error("%s: failing %d requests", error, len(self.scheduler.requests))
+            self.scheduler.fail_all(error)
+            self._flush_finished()
+            self.lost_since = None
+
     def _drain_requests(self) -> None:
         while self.requests.poll(0):
             message = self.request_codec.decode(self.requests.recv())
             if message is None:
                 continue
-            if self.scheduler is None:
+            if not self.ready:
                 if isinstance(message, AddRequest):
                     self._fail(message.req_id, "no executor is ready", "unavailable")
                 continue
@@ -120,6 +160,9 @@ class SchedulerService:
                 self._register(identity, message)
             elif isinstance(message, StepResult):
                 self._finish_step(message)
+            elif isinstance(message, Heartbeat) and identity not in self.peers.values():
+                reply = RegisterReply(False, "unknown executor (the scheduler restarted)")
+                self.executors.send_multipart([identity, self.executor_codec.encode(reply)])
 
     def _register(self, identity: bytes, hello: Register) -> None:
         config = self.config
@@ -131,15 +174,19 @@ class SchedulerService:
             reason += f"this scheduler runs {expected}"
         elif not 0 <= hello.rank < config.num_executors:
             reason = f"rank {hello.rank} is outside 0..{config.num_executors - 1}"
-        self.executors.send_multipart(
-            [identity, self.executor_codec.encode(RegisterReply(not reason, reason))]
-        )
+        first_step = self.scheduler.step + 1 if self.scheduler else 1
+        reply = RegisterReply(not reason, reason, first_step)
+        self.executors.send_multipart([identity, self.executor_codec.encode(reply)])
         if reason:
             log.error("refused an executor: %s", reason)
             return
         self.peers[hello.rank] = identity
         log.info("executor rank %d registered with %d KV blocks", hello.rank, hello.num_blocks)
-        if self.scheduler is None and len(self.peers) == config.num_executors:
+        if self.scheduler is not None and self.ready:
+            self.scheduler.restart(hello.num_blocks)  # a replacement: its cache is empty
+            self.lost_since = None
+            self._send_status()
+        elif self.scheduler is None and len(self.peers) == config.num_executors:
             self.scheduler = Scheduler(
                 SchedulerConfig(
                     num_blocks=hello.num_blocks,
@@ -157,7 +204,9 @@ class SchedulerService:
 
     def _maybe_step(self) -> None:
         scheduler = self.scheduler
-        if scheduler is None or self.in_flight is not None or not scheduler.has_work:
+        if scheduler is None or not self.ready or self.in_flight is not None:
+            return
+        if not scheduler.has_work:
             return
         started = time.perf_counter()
         frame = self.executor_codec.encode(scheduler.schedule())
@@ -201,7 +250,8 @@ class SchedulerService:
             self.metrics.observe(scheduler)
         pool = scheduler.pool if scheduler else None
         status = SchedulerStatus(
-            ready=scheduler is not None,
+            instance=self.instance,
+            ready=self.ready,
             num_running=len(scheduler.batch) if scheduler else 0,
             num_waiting=len(scheduler.waiting) if scheduler else 0,
             kv_cache_usage=pool.num_used / pool.num_blocks if pool else 0.0,

@@ -124,13 +124,26 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
 
 
 class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):
+    """Accepted: the first plan will carry `first_step`. Refused: `reason` says why; an
+    executor the scheduler does not know (the scheduler restarted) registers again."""
+
     accepted: bool
     reason: str = ""
+    first_step: int = 1
+
+
+class Heartbeat(msgspec.Struct, array_like=True, frozen=True, tag=9):
+    """An idle executor's sign of life, once a second."""
+
+    rank: int
 
 
 class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
-    """Sent to the gateway about twice a second, and whenever readiness changes."""
+    """Sent to the gateway about twice a second, and whenever readiness changes. `instance`
+    is new each time a scheduler process starts: a gateway that sees it change knows the
+    requests it was waiting on are gone."""
 
+    instance: int
     ready: bool
     num_running: int
     num_waiting: int
@@ -139,5 +152,5 @@ class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
 
 ToScheduler = AddRequest | AbortRequest
 FromScheduler = EngineOutputs | SchedulerStatus
-ExecutorToScheduler = Register | StepResult
+ExecutorToScheduler = Register | StepResult | Heartbeat
 SchedulerToExecutor = RegisterReply | BatchPlan

@@ -26,6 +26,10 @@ def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "turnstile.cli", *args])
 
 
+MAX_RESTARTS = 5  # within RESTART_WINDOW seconds, per service; then everything stops
+RESTART_WINDOW = 60.0
+
+
 def launch(
     common: list[str],
     gateway: list[str],
@@ -35,13 +39,15 @@ def launch(
     url: str,
     ready_timeout: float,
 ) -> int:
-    """Start everything, wait for /health, then supervise until a signal or a child exits."""
-    children = [_spawn(["scheduler", *common, *scheduler])]
-    children += [
-        _spawn(["executor", *common, *executor, "--rank", str(rank)])
-        for rank in range(num_executors)
+    """Start everything, wait for /health, then supervise: a service that dies is started
+    again (the scheduler re-queues the work of a lost executor), until a signal arrives."""
+    commands = [["scheduler", *common, *scheduler]]
+    commands += [
+        ["executor", *common, *executor, "--rank", str(rank)] for rank in range(num_executors)
     ]
-    children.append(_spawn(["gateway", *common, *gateway]))
+    commands.append(["gateway", *common, *gateway])
+    children = [_spawn(command) for command in commands]
+    restarts: list[list[float]] = [[] for _ in commands]
     stopping = False
 
     def stop(*_: object) -> None:
@@ -54,11 +60,19 @@ def launch(
     announced = False
     code = 0
     while not stopping:
-        if any(child.poll() is not None for child in children):
-            code = next(c.returncode for c in children if c.returncode is not None) or 1
-            print("turnstile: a service exited; stopping the others", file=sys.stderr)
-            break
-        if not announced:
+        for index, child in enumerate(children):
+            if child.poll() is None:
+                continue
+            now = time.monotonic()
+            restarts[index] = [t for t in restarts[index] if now - t < RESTART_WINDOW] + [now]
+            name = commands[index][0]
+            if len(restarts[index]) > MAX_RESTARTS:
+                print(f"turnstile: {name} keeps dying; stopping", file=sys.stderr)
+                stopping, code = True, 1
+                break
+            print(f"turnstile: {name} exited ({child.returncode}); restarting", file=sys.stderr)
+            children[index] = _spawn(commands[index])
+        if not announced and not stopping:
             if _healthy(url):
                 ready_in = time.monotonic() - started
                 print(f"Turnstile is serving at {url} (ready in {ready_in:.1f} s)", flush=True)

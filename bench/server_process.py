@@ -13,6 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from turnstile.launcher import healthy
+
 
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
@@ -24,19 +26,13 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @dataclass(slots=True)
 class Server:
     url: str
     metrics_port: int  # the scheduler's; the executor's is the next one
     process: subprocess.Popen[bytes]
+    requests_address: str
+    executors_address: str
 
     def scrape(self, port: int | None = None) -> dict[str, float]:
         """Every sample of one service's /metrics, by its full name with labels."""
@@ -76,7 +72,9 @@ def launched_server(
             if time.monotonic() > deadline:
                 raise RuntimeError("turnstile serve did not become ready")
             time.sleep(0.2)
-        yield Server(url, metrics, process)
+        yield Server(
+            url, metrics, process, f"tcp://127.0.0.1:{requests}", f"tcp://127.0.0.1:{executors}"
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         try:

@@ -36,6 +36,7 @@ from shared.zmq_io import FrameCodec, make_socket
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL = 0.5
+PROBE_DELAY = 0.2  # a second probe, in case the first ran before the peer's pipe closed
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,7 +81,11 @@ class SchedulerService:
         self._last_status = 0.0
         # A killed executor's TCP connection drops at once: the monitor reports it in
         # milliseconds, where a heartbeat would take seconds.
+        # Any peer's drop raises it, a stray client's too, so each executor is then probed:
+        # with ROUTER_MANDATORY a send to a vanished peer fails at once.
         self.disconnects = self.executors.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.executors.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._probe_at: float | None = None
 
     def serve_forever(self) -> None:
         if self.config.metrics_port is not None:
@@ -93,7 +98,8 @@ class SchedulerService:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
             if self.disconnects in ready:
                 self.disconnects.recv_multipart()
-                self._executor_lost("an executor disconnected")
+                self._probe_executors()
+                self._probe_at = time.monotonic() + PROBE_DELAY
             if self.executors in ready:
                 self._drain_executors()
             self._check_timeouts()
@@ -117,8 +123,25 @@ class SchedulerService:
         self.scheduler.restart(self.scheduler.pool.num_blocks)
         self._send_status()
 
+    def _send_to(self, identity: bytes, frame: bytes) -> bool:
+        try:
+            self.executors.send_multipart([identity, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # EHOSTUNREACH: gone; EAGAIN: not reading at all
+            return False
+        return True
+
+    def _probe_executors(self) -> None:
+        probe = self.executor_codec.encode(Heartbeat(-1))
+        for rank, identity in list(self.peers.items()):
+            if not self._send_to(identity, probe):
+                self._executor_lost(f"executor rank {rank} disconnected")
+                return
+
     def _check_timeouts(self) -> None:
         now = time.monotonic()
+        if self._probe_at is not None and now >= self._probe_at:
+            self._probe_at = None
+            self._probe_executors()
         if self.in_flight is not None and now - self.in_flight[1] > self.config.step_timeout:
             self._executor_lost(f"step {self.in_flight[0]} unanswered")
         if self.lost_since is not None and now - self.lost_since > self.config.executor_timeout:
@@ -162,7 +185,7 @@ class SchedulerService:
                 self._finish_step(message)
             elif isinstance(message, Heartbeat) and identity not in self.peers.values():
                 reply = RegisterReply(False, "unknown executor (the scheduler restarted)")
-                self.executors.send_multipart([identity, self.executor_codec.encode(reply)])
+                self._send_to(identity, self.executor_codec.encode(reply))
 
     def _register(self, identity: bytes, hello: Register) -> None:
         config = self.config
@@ -176,7 +199,7 @@ class SchedulerService:
             reason = f"rank {hello.rank} is outside 0..{config.num_executors - 1}"
         first_step = self.scheduler.step + 1 if self.scheduler else 1
         reply = RegisterReply(not reason, reason, first_step)
-        self.executors.send_multipart([identity, self.executor_codec.encode(reply)])
+        self._send_to(identity, self.executor_codec.encode(reply))
         if reason:
             log.error("refused an executor: %s", reason)
             return
@@ -212,9 +235,11 @@ class SchedulerService:
         frame = self.executor_codec.encode(scheduler.schedule())
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         self.metrics.plan_bytes.observe(len(frame))
-        for identity in self.peers.values():
-            self.executors.send_multipart([identity, frame])
         self.in_flight = (scheduler.step, time.perf_counter())
+        for rank, identity in list(self.peers.items()):
+            if not self._send_to(identity, frame):
+                self._executor_lost(f"executor rank {rank} cannot take plans")
+                return
 
     def _finish_step(self, result: StepResult) -> None:
         scheduler = self.scheduler

@@ -133,7 +133,7 @@ class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=
 
 
 class Heartbeat(msgspec.Struct, array_like=True, frozen=True, tag=9):
-    """An idle executor's sign of life, once a second."""
+    """An idle executor's sign of life, once a second; from the scheduler, a probe."""
 
     rank: int
 
@@ -153,4 +153,4 @@ class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
 ToScheduler = AddRequest | AbortRequest
 FromScheduler = EngineOutputs | SchedulerStatus
 ExecutorToScheduler = Register | StepResult | Heartbeat
-SchedulerToExecutor = RegisterReply | BatchPlan
+SchedulerToExecutor = RegisterReply | BatchPlan | Heartbeat

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import parity_bench
@@ -67,3 +69,35 @@ def test_same_seed_same_tokens_alone_or_batched(prompt_ids: list[list[int]]) -> 
     assert alone[0].token_ids == batched[0].token_ids
     other_seed = engine.generate(requests(prompt_ids[:1], SamplingParams(temperature=0.8, seed=7)))
     assert other_seed[0].token_ids != alone[0].token_ids
+
+
+def test_a_hugging_face_safetensors_folder_serves_like_the_gguf(
+    prompt_ids: list[list[int]], hf_greedy: list[list[int]], tmp_path: Path
+) -> None:
+    """Write the embedded model out as a Hugging Face folder (config.json, safetensors,
+    tokenizer.json) and load it through the safetensors path: same greedy tokens."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from executor_svc.model.weights import load_weights
+    from shared.model_info import read_model_info
+
+    gguf = embedded_model_path()
+    info = read_model_info(gguf)
+    weights = load_weights(gguf, info)
+    save_file({name: tensor.contiguous() for name, tensor in weights.items()},
+              tmp_path / "model.safetensors")  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": info.num_layers,
+        "hidden_size": info.hidden_size, "intermediate_size": info.intermediate_size,
+        "num_attention_heads": info.num_heads, "num_key_value_heads": info.num_kv_heads,
+        "vocab_size": info.vocab_size, "max_position_embeddings": info.max_model_len,
+        "rope_theta": info.rope_theta, "rms_norm_eps": info.rms_norm_eps,
+        "bos_token_id": info.bos_token_id, "eos_token_id": info.eos_token_id,
+        "tie_word_embeddings": True,
+    }))  # fmt: skip
+    engine = OfflineEngine(RunnerConfig(tmp_path, dtype="float32", num_blocks=256, max_num_seqs=16))
+    assert engine.runner.info.num_kv_heads == 3 and engine.runner.info.tie_word_embeddings
+    results = engine.generate(requests(prompt_ids[:3], SamplingParams()))
+    assert [r.token_ids for r in results] == hf_greedy[:3]

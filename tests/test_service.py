@@ -350,3 +350,70 @@ def test_an_oversized_body_gets_413_with_an_openai_error(guarded_server: Server)
         urllib.request.urlopen(request, timeout=30)
     assert failure.value.code == 413
     assert json.loads(failure.value.read())["error"]["message"]
+
+
+def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
+    service: Server, client: openai.OpenAI
+) -> None:
+    import msgspec
+    import zmq
+
+    from shared.protocol import AbortRequest, StepResult
+
+    context = zmq.Context.instance()
+    gateway_side = context.socket(zmq.PUSH)
+    executor_side = context.socket(zmq.DEALER)
+    gateway_side.connect(service.requests_address)
+    executor_side.connect(service.executors_address)
+    valid = msgspec.msgpack.encode(AbortRequest(12345))
+    garbage = [b"", b"\xc1", valid[:-1], b"\x00" * 1000, msgspec.msgpack.encode({"x": [1, 2]})]
+    for frame in garbage:
+        gateway_side.send(frame)
+        executor_side.send(frame)
+    gateway_side.send(valid)  # an abort for a request that does not exist: ignored
+    executor_side.send(msgspec.msgpack.encode(StepResult(step=1)))  # a replayed old result
+    deadline = time.monotonic() + 10
+    while True:
+        series = service.scrape()
+        requests_bad = series.get(
+            'turnstile:malformed_frames_total{socket="scheduler.requests"}', 0
+        )
+        executors_bad = series.get(
+            'turnstile:malformed_frames_total{socket="scheduler.executors"}', 0
+        )
+        if requests_bad >= len(garbage) and executors_bad >= len(garbage):
+            break
+        assert time.monotonic() < deadline, (requests_bad, executors_bad)
+        time.sleep(0.2)
+    gateway_side.close()
+    executor_side.close()
+    answer = client.completions.create(model=MODEL, prompt="Still alive?", max_tokens=4)
+    assert answer.usage.completion_tokens == 4
+
+
+def test_a_mismatched_executor_is_refused_with_a_clear_reason(service: Server) -> None:
+    import msgspec
+    import zmq
+
+    from shared.protocol import PROTOCOL_VERSION, Register, RegisterReply
+
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.connect(service.executors_address)
+    for wrong, words in (
+        (dict(version=PROTOCOL_VERSION + 1), "version"),
+        (dict(block_size=32), "block_size"),
+        (dict(model="other-model"), "model"),
+        (dict(rank=7), "rank 7"),
+    ):
+        hello = dict(version=PROTOCOL_VERSION, rank=0, model=MODEL, num_blocks=64,
+                     block_size=16, max_num_seqs=32, max_model_len=8192) | wrong  # fmt: skip
+        socket.send(msgspec.msgpack.encode(Register(**hello)))
+        assert socket.poll(5000)
+        reply = msgspec.msgpack.decode(socket.recv(), type=RegisterReply)
+        assert not reply.accepted and words in reply.reason
+    socket.close(linger=0)
+    # The real executor is still the one serving.
+    answer = openai.OpenAI(base_url=f"{service.url}/v1", api_key="x").completions.create(
+        model=MODEL, prompt="Still serving?", max_tokens=3
+    )
+    assert answer.usage.completion_tokens == 3

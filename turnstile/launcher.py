@@ -73,7 +73,7 @@ def launch(
             print(f"turnstile: {name} exited ({child.returncode}); restarting", file=sys.stderr)
             children[index] = _spawn(commands[index])
         if not announced and not stopping:
-            if _healthy(url):
+            if healthy(url):
                 ready_in = time.monotonic() - started
                 print(f"Turnstile is serving at {url} (ready in {ready_in:.1f} s)", flush=True)
                 announced = True
@@ -94,7 +94,7 @@ def launch(
     return code
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
             return response.status == 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 
 import uvloop
@@ -15,6 +16,8 @@ from shared.model_info import read_model_info, served_name
 from shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 60.0
 
 
 async def _serve(
@@ -36,13 +39,16 @@ async def _serve(
     # request and frees its KV blocks.
     runner = web.AppRunner(gateway.app(max_body_bytes), handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, shutdown_timeout=DRAIN_SECONDS).start()
     log.info("gateway listening on http://%s:%d", host, port)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
-        await engine.close()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    # Drain: stop listening, let the requests under way finish, then leave.
+    log.info("draining")
+    await runner.cleanup()
+    await engine.close()
 
 
 def serve_gateway(

@@ -108,3 +108,19 @@ def test_scheduler_killed_mid_stream_requests_fail_cleanly_then_service_recovers
     wait_until_whole(server)
     answer = asyncio.run(run_with_fault(server.url, None))
     assert all(text and not errors for text, errors in answer)
+
+
+def test_sigterm_drains_requests_under_way_before_stopping() -> None:
+    with launched_server("--num-blocks", "128") as server:
+
+        async def stream_then_stop() -> tuple[str, list]:
+            timeout = aiohttp.ClientTimeout(total=60)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                task = asyncio.create_task(stream(session, server.url, PROMPTS[0]))
+                await asyncio.sleep(1.0)
+                server.process.send_signal(signal.SIGTERM)
+                return await task
+
+        text, errors = asyncio.run(stream_then_stop())
+        assert server.process.wait(timeout=60) == 0
+    assert not errors and len(text) > 20  # all 48 tokens arrived despite the SIGTERM

@@ -28,6 +28,7 @@ def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
 
 MAX_RESTARTS = 5  # within RESTART_WINDOW seconds, per service; then everything stops
 RESTART_WINDOW = 60.0
+DRAIN_SECONDS = 65.0  # the gateway's own drain limit, plus a margin
 
 
 def launch(
@@ -82,6 +83,15 @@ def launch(
                 code = 1
                 break
         time.sleep(0.2)
+    # The gateway goes first and drains: requests under way finish while the scheduler and the
+    # executors still run; then the rest stop.
+    gateway = children[-1]
+    if gateway.poll() is None:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(timeout=DRAIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ from gateway_svc.openai_api import (
     parse,
     prompt_of,
 )
+from gateway_svc.openapi import openapi_document
 from gateway_svc.responses import ResponseShape
 from gateway_svc.text_stream import TextStream
 from shared.tokenizer import Tokenizer
@@ -86,6 +87,7 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/openapi.json", self.openapi)
         return app
 
     @web.middleware
@@ -112,6 +114,9 @@ class Gateway:
             "max_model_len": self.max_model_len,
         }
         return web.json_response({"object": "list", "data": [model]})
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(openapi_document(self.model_name, self.max_model_len))
 
     async def metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=generate_latest())

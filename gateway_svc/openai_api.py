@@ -3,14 +3,16 @@ a 400 with an OpenAI-style error body."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from shared.protocol import AddRequest, SamplingParams, pack_ids
 from shared.tokenizer import Tokenizer
 
 MAX_STOP_STRINGS = 8
+PRIORITY_LIMIT = 1 << 20  # the scheduler packs (priority, arrival) into one int64
 
 
 class ApiError(Exception):
@@ -42,37 +44,31 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=False):
     content: str | list[dict[str, Any]] | None = None
 
 
+# Bounds live in the types: msgspec enforces them while decoding, and the OpenAPI document
+# publishes them.
+TokenCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Logprobs = Annotated[int, Meta(ge=0, le=20)]
+
+
 class _Sampling(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = []
+    max_tokens: TokenCount | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] = 0
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] = []
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    priority: int = 0
-    n: int = 1
+    priority: Annotated[int, Meta(ge=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)] = 0
+    n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] = 1
     user: str | None = None
 
     def check(self) -> None:
-        if self.n != 1:
-            raise ApiError(400, "only n=1 is supported", code="unsupported_parameter")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ApiError(400, "max_tokens must be at least 1")
-        if not 0 <= self.temperature <= 2:
-            raise ApiError(400, "temperature must lie in [0, 2]")
-        if not 0 < self.top_p <= 1:
-            raise ApiError(400, "top_p must lie in (0, 1]")
-        if self.top_k < 0 and self.top_k != -1:
-            raise ApiError(400, "top_k must be -1, 0 or positive")
-        if len(self.stop_strings) > MAX_STOP_STRINGS:
-            raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ApiError(400, "seed must lie in [0, 2**63)")
+        """What the types cannot say."""
 
     @property
     def stop_strings(self) -> list[str]:
@@ -83,7 +79,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
 
 class CompletionRequest(_Sampling, kw_only=True):
     prompt: str | list[int | str]
-    logprobs: int | None = None
+    logprobs: Logprobs | None = None
     echo: bool = False
 
     def check(self) -> None:
@@ -94,29 +90,26 @@ class CompletionRequest(_Sampling, kw_only=True):
                 self.prompt = prompt[0]
             elif not all(isinstance(t, int) for t in prompt):
                 raise ApiError(400, "prompt must be a string, one string, or a list of token ids")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ApiError(400, "logprobs must lie in [0, 20]")
         if self.echo:
             raise ApiError(400, "echo is not supported", code="unsupported_parameter")
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
 
     def check(self) -> None:
         super().check()
         if not self.messages:
             raise ApiError(400, "messages must not be empty")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
-            raise ApiError(400, "top_logprobs must lie in [0, 20]")
 
 
 def parse(body: bytes, kind: type[_Sampling]) -> Any:
     try:
-        request = msgspec.json.decode(body, type=kind)
+        # Lax like pydantic: 1.0 is accepted where an integer is expected.
+        request = msgspec.json.decode(body, type=kind, strict=False)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -28,12 +28,17 @@ async def _serve(
     port: int,
     api_key: str | None,
     max_body_bytes: int,
+    max_model_len: int | None,
 ) -> None:
     info = read_model_info(model)
     engine = EngineClient(requests_address, outputs_address)
     engine.start()
     gateway = Gateway(
-        engine, Tokenizer(model, info), served_name(model), info.max_model_len, api_key
+        engine,
+        Tokenizer(model, info),
+        served_name(model),
+        min(max_model_len or info.max_model_len, info.max_model_len),
+        api_key,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.
@@ -59,7 +64,17 @@ def serve_gateway(
     port: int,
     api_key: str | None = None,
     max_body_bytes: int = 4 * 2**20,
+    max_model_len: int | None = None,
 ) -> None:
     uvloop.run(
-        _serve(model, requests_address, outputs_address, host, port, api_key, max_body_bytes)
+        _serve(
+            model,
+            requests_address,
+            outputs_address,
+            host,
+            port,
+            api_key,
+            max_body_bytes,
+            max_model_len,
+        )
     )

@@ -27,6 +27,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         help="GGUF file or Hugging Face safetensors folder (default: the embedded SmolLM2)",
     )
     parser.add_argument("--block-size", type=int, default=int(_env("BLOCK_SIZE", "16")))
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=int(_env("MAX_MODEL_LEN", "0")) or None,
+        help="context length to serve (default: the model's)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=int(_env("MAX_NUM_SEQS", "128")))
 
 

@@ -30,6 +30,7 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
         max_num_seqs=args.max_num_seqs,
         kv_cache_gib=args.kv_cache_gib,
         num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
     )
 
 
@@ -50,7 +51,7 @@ def scheduler(args: argparse.Namespace) -> None:
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=info.max_model_len,
+            max_model_len=min(args.max_model_len or info.max_model_len, info.max_model_len),
             policy=args.policy,
             enable_prefix_caching=not args.no_prefix_caching,
             static_batching=args.static_batching,
@@ -83,6 +84,7 @@ def gateway(args: argparse.Namespace) -> None:
         args.port,
         args.api_key or None,
         int(args.max_body_mb * 2**20),
+        args.max_model_len,
     )
 
 
@@ -103,6 +105,8 @@ def serve(args: argparse.Namespace) -> None:
         "--executors-address",
         args.executors_address,
     ]
+    if args.max_model_len:
+        common += ["--max-model-len", str(args.max_model_len)]
     scheduler = [
         "--max-num-batched-tokens",
         str(args.max_num_batched_tokens),

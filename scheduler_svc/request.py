@@ -35,6 +35,7 @@ class Request:
     finish_reason: str | None = None
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
 
     @classmethod
     def from_message(

@@ -82,7 +82,7 @@ class Scheduler:
         """Requests that left the batch since the last plan; the executor still holds them."""
         return list(self._removed)
 
-    def add_request(self, msg: AddRequest) -> None:
+    def add_request(self, msg: AddRequest, now: float = 0.0) -> None:
         """Queue a request; raises ValueError (and keeps nothing) when it can never run."""
         cfg = self.config
         if msg.req_id in self.requests:
@@ -101,6 +101,7 @@ class Scheduler:
                 f"it holds {cfg.num_blocks * cfg.block_size}"
             )
         self._arrivals += 1
+        req.arrived_at = now
         self.requests[req.req_id] = req
         self.waiting.push(req)
         self.stats.prompt_tokens += req.num_prompt_tokens
@@ -149,6 +150,15 @@ class Scheduler:
             else:
                 self.waiting.discard(req)
             self._end(req, "unavailable", error)
+
+    def expire_waiting(self, now: float, max_wait: float) -> None:
+        """End, as "overloaded", requests that have waited more than `max_wait` without ever
+        running (a preempted request has started answering and is kept)."""
+        for req in list(self.requests.values()):
+            stale = now - req.arrived_at > max_wait
+            if stale and req.status is Status.WAITING and req.num_preemptions == 0:
+                self.waiting.discard(req)
+                self._end(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
 
     def take_finished(self) -> list[Finished]:
         """Endings that happened outside a step (aborts), for the caller to report."""

@@ -55,6 +55,7 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     static_batching: bool = False
     max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
+    queue_timeout: float | None = None  # requests waiting longer never to run: HTTP 429
     step_timeout: float = 60.0  # a step not answered by then counts as a lost executor
     executor_timeout: float = 30.0  # requests fail if no executor is back by then
     metrics_port: int | None = None
@@ -139,6 +140,10 @@ class SchedulerService:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
+        if self.config.queue_timeout is not None and self.scheduler is not None:
+            self.scheduler.expire_waiting(now, self.config.queue_timeout)
+            if self.in_flight is None:
+                self._flush_finished()
         if self._probe_at is not None and now >= self._probe_at:
             self._probe_at = None
             self._probe_executors()
@@ -169,7 +174,7 @@ class SchedulerService:
                 self._fail(message.req_id, f"{limit} requests are already waiting", "overloaded")
                 continue
             try:
-                self.scheduler.add_request(message)
+                self.scheduler.add_request(message, now=time.monotonic())
             except ValueError as exc:
                 self._fail(message.req_id, str(exc))
         if self.scheduler is not None and self.in_flight is None:

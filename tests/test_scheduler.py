@@ -5,7 +5,7 @@ import pytest
 from scheduler_harness import EOS, Harness, expected_output
 
 from shared.config import SchedulerConfig
-from shared.protocol import unpack_ids
+from shared.protocol import AddRequest, SamplingParams, pack_ids, unpack_ids
 
 
 def config(**overrides: object) -> SchedulerConfig:
@@ -215,3 +215,22 @@ def test_static_batching_admits_a_new_batch_only_when_the_last_is_done() -> None
     # Requests 2 and 3 wait for the whole first batch, the 9-token request 1 included.
     assert admitted_at[0] == admitted_at[1] == 1
     assert admitted_at[2] == admitted_at[3] == 1 + 9  # the step after request 1 ends
+
+
+def test_queue_deadline_ends_only_requests_that_never_ran() -> None:
+    harness = Harness(config(max_num_seqs=1), {1: 30, 2: 30, 3: 30})
+    harness.scheduler.add_request(_message(1), now=0.0)
+    harness.step()  # request 1 runs
+    harness.scheduler.add_request(_message(2), now=1.0)
+    harness.scheduler.add_request(_message(3), now=4.0)
+    harness.scheduler.expire_waiting(now=6.5, max_wait=5.0)
+    ended = {f.req_id: (f.reason, f.error) for f in harness.scheduler.take_finished()}
+    assert list(ended) == [2] and ended[2][0] == "overloaded" and "5 s" in ended[2][1]
+    harness.run()
+    assert harness.endings == {1: ["stop"], 3: ["stop"]}
+    harness.check_invariants()
+
+
+def _message(req_id: int) -> AddRequest:
+    return AddRequest(req_id=req_id, prompt_ids=pack_ids([5, 6, 7]), max_tokens=30,
+                      sampling=SamplingParams(seed=req_id))  # fmt: skip

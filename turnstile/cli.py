@@ -72,6 +72,12 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         default=int(_env("MAX_WAITING", "0")) or None,
         help="refuse new requests (HTTP 429) while this many wait",
     )
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=float(_env("QUEUE_TIMEOUT", "0")) or None,
+        help="seconds a request may wait to start before it is refused (HTTP 429)",
+    )
 
 
 def _add_gateway_options(parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,7 @@ def scheduler(args: argparse.Namespace) -> None:
             enable_prefix_caching=not args.no_prefix_caching,
             static_batching=args.static_batching,
             max_waiting=args.max_waiting,
+            queue_timeout=args.queue_timeout,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -123,6 +124,8 @@ def serve(args: argparse.Namespace) -> None:
         scheduler.append("--static-batching")
     if args.max_waiting:
         scheduler += ["--max-waiting", str(args.max_waiting)]
+    if args.queue_timeout:
+        scheduler += ["--queue-timeout", str(args.queue_timeout)]
     executor = [
         "--device",
         args.device,

@@ -49,7 +49,7 @@ class Server:
 
 @contextlib.contextmanager
 def launched_server(
-    *extra: str, ready_timeout: float = 180, quiet: bool = True
+    *extra: str, ready_timeout: float = 180, quiet: bool = True, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
     http, requests, outputs, executors, metrics, _ = free_ports(6)
     command = [
@@ -60,7 +60,7 @@ def launched_server(
         "--executors-address", f"tcp://127.0.0.1:{executors}",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "TURNSTILE_LOG": "WARNING"}
+    env = {**os.environ, "TURNSTILE_LOG": "WARNING", **(env or {})}
     output = subprocess.DEVNULL if quiet else None
     process = subprocess.Popen(command, env=env, stdout=output)
     url = f"http://127.0.0.1:{http}"

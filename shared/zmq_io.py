@@ -4,6 +4,7 @@ and decoding that validates every frame and drops (logs, counts) the malformed o
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -43,10 +44,54 @@ class FrameCodec(Generic[T]):
             return None
 
 
+CURVE_ENV = "TURNSTILE_CURVE_SECRET_KEY"
+
+
+class _DeploymentKeyOnly:
+    """ZAP policy: a client is let in only if it holds the deployment's key pair."""
+
+    def __init__(self, public_key: bytes) -> None:
+        self.public_key = public_key
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.public_key
+
+
+_authenticators: dict[int, object] = {}
+
+
+def _curve_secret() -> bytes | None:
+    secret = os.environ.get(CURVE_ENV)
+    return secret.encode() if secret else None
+
+
+def _secure(context: zmq.Context, socket: zmq.Socket, bind: bool) -> None:
+    """With TURNSTILE_CURVE_SECRET_KEY set (`turnstile keygen` makes one), every link is
+    encrypted and a peer without the same key pair cannot talk to a bound socket."""
+    secret = _curve_secret()
+    if secret is None:
+        return
+    public = zmq.curve_public(secret)
+    socket.curve_secretkey = secret
+    socket.curve_publickey = public
+    if not bind:
+        socket.curve_serverkey = public
+        return
+    socket.curve_server = True
+    if id(context) not in _authenticators:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        authenticator = ThreadAuthenticator(zmq.Context.instance())
+        authenticator.start()
+        authenticator.configure_curve_callback("*", _DeploymentKeyOnly(public))
+        _authenticators[id(context)] = authenticator
+
+
 def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    _secure(context, socket, bind)
     if bind:
         socket.bind(address)
     else:

@@ -434,3 +434,41 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:]
         assert healthy(server.url)  # and still serving
+
+
+def test_curve_keys_encrypt_the_links_and_shut_out_peers_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import zmq
+
+    from shared.zmq_io import make_socket
+
+    secret = subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "keygen"], capture_output=True, text=True,
+        check=True,
+    ).stdout.strip()  # fmt: skip
+    env = {"TURNSTILE_CURVE_SECRET_KEY": secret}
+    with launched_server("--num-blocks", "64", env=env) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        answer = client.completions.create(model=MODEL, prompt="Secure?", max_tokens=3)
+        assert answer.usage.completion_tokens == 3  # gateway and executor hold the key
+        # A peer without the key never completes the handshake: no pipe, nothing to send on.
+        intruder = zmq.Context.instance().socket(zmq.PUSH)
+        intruder.setsockopt(zmq.LINGER, 0)
+        intruder.setsockopt(zmq.IMMEDIATE, 1)  # a pipe only once the handshake succeeds
+        intruder.connect(server.requests_address)
+        assert not intruder.poll(2000, zmq.POLLOUT)
+        intruder.close()
+        # One with the key does, on the same socket.
+        monkeypatch.setenv("TURNSTILE_CURVE_SECRET_KEY", secret)
+        insider = make_socket(zmq.Context.instance(), zmq.PUSH, server.requests_address, False)
+        assert insider.poll(5000, zmq.POLLOUT)
+        insider.send(b"\xc1garbage")  # reaches the scheduler, which counts and drops it
+        deadline = time.monotonic() + 10
+        while not server.scrape().get(
+            'turnstile:malformed_frames_total{socket="scheduler.requests"}', 0
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        insider.close()
+        assert client.completions.create(model=MODEL, prompt="Still?", max_tokens=2).usage

@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(prepare)
     prepare.set_defaults(handler=services.prepare)
 
+    keygen = commands.add_parser(
+        "keygen", help="a ZeroMQ CURVE secret key for TURNSTILE_CURVE_SECRET_KEY"
+    )
+    keygen.set_defaults(handler=services.keygen)
+
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench", required=True
     )

@@ -174,3 +174,11 @@ def prepare(args: argparse.Namespace) -> None:
     Tokenizer(path, info)
     load_weights(path, info)
     print(f"prepared {path}")
+
+
+def keygen(_: argparse.Namespace) -> None:
+    """Print a secret key; give every service the same one to encrypt and authenticate their
+    ZeroMQ links (a cross-host deployment should)."""
+    import zmq
+
+    print(zmq.curve_keypair()[1].decode())

@@ -169,6 +169,10 @@ class SchedulerService:
             if isinstance(message, AbortRequest):
                 self.scheduler.abort(message.req_id)
                 continue
+            if message.req_id in self.scheduler.requests:
+                # A replayed or duplicated frame: failing the id would end the live request.
+                self.request_codec.count_malformed("a second AddRequest for a live request id")
+                continue
             limit = self.config.max_waiting
             if limit is not None and len(self.scheduler.waiting) >= limit:
                 self._fail(message.req_id, f"{limit} requests are already waiting", "overloaded")

@@ -39,9 +39,12 @@ class FrameCodec(Generic[T]):
         try:
             return self._decoder.decode(frame)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._malformed.inc()
-            log.warning("dropped a malformed frame on %s: %s", self.socket_name, exc)
+            self.count_malformed(str(exc))
             return None
+
+    def count_malformed(self, why: str) -> None:
+        self._malformed.inc()
+        log.warning("dropped a frame on %s: %s", self.socket_name, why)
 
 
 CURVE_ENV = "TURNSTILE_CURVE_SECRET_KEY"

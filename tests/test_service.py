@@ -358,7 +358,7 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
     import msgspec
     import zmq
 
-    from shared.protocol import AbortRequest, StepResult
+    from shared.protocol import AbortRequest, AddRequest, StepResult, pack_ids
 
     context = zmq.Context.instance()
     gateway_side = context.socket(zmq.PUSH)
@@ -385,8 +385,31 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
             break
         assert time.monotonic() < deadline, (requests_bad, executors_bad)
         time.sleep(0.2)
-    gateway_side.close()
-    executor_side.close()
+    # A replayed AddRequest must not end the live request that owns its id.
+    before = service.scrape()
+    replayed = msgspec.msgpack.encode(
+        AddRequest(req_id=2_000_000_000, prompt_ids=pack_ids([5, 6, 7]), max_tokens=30)
+    )
+    gateway_side.send(replayed)
+    gateway_side.send(replayed)
+    # An oversized frame (over 64 MiB) makes ZeroMQ drop that connection, nothing more.
+    oversized = context.socket(zmq.PUSH)
+    oversized.connect(service.requests_address)
+    oversized.send(b"x" * (65 * 2**20))
+    deadline = time.monotonic() + 20
+    while True:
+        after = service.scrape()
+        name = 'turnstile:malformed_frames_total{socket="scheduler.requests"}'
+        length = 'turnstile:request_success_total{finished_reason="length"}'
+        if after[name] == before[name] + 1 and after.get(length, 0) >= before.get(length, 0) + 1:
+            break
+        assert time.monotonic() < deadline, "the replay was not dropped, or the original died"
+        time.sleep(0.2)
+    assert after.get('turnstile:request_success_total{finished_reason="error"}', 0) == before.get(
+        'turnstile:request_success_total{finished_reason="error"}', 0
+    )
+    for socket in (gateway_side, executor_side, oversized):
+        socket.close(linger=0)
     answer = client.completions.create(model=MODEL, prompt="Still alive?", max_tokens=4)
     assert answer.usage.completion_tokens == 4
 

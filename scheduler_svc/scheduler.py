@@ -8,36 +8,18 @@ Steady decode is vector arithmetic over the running batch; Python loops only run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from scheduler_svc.block_pool import BlockPool
-from scheduler_svc.prefix_cache import PrefixCache
-from scheduler_svc.request import Request, Status
-from scheduler_svc.running_batch import RunningBatch
-from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
+from scheduler_svc.lifecycle import RequestLifecycle
 from shared.batch_table import cdiv
-from shared.config import SchedulerConfig
 from shared.protocol import (
-    AddRequest,
     BatchPlan,
     EngineOutputs,
-    Finished,
     NewRequest,
     StepResult,
     pack_ids,
     unpack_ids,
 )
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
 
 
 def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
@@ -54,117 +36,7 @@ def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
     return scheduled
 
 
-class Scheduler:
-    def __init__(self, config: SchedulerConfig, eos_token_id: int) -> None:
-        self.config = config
-        self.eos_token_id = eos_token_id
-        self.by_priority = config.policy == "priority"
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
-        self.prefix_cache = PrefixCache(self.pool, self.batch)
-        self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
-        self.requests: dict[int, Request] = {}
-        self.stats = SchedulerStats()
-        self.step = 0
-        self._arrivals = 0
-        self._in_flight = False
-        self._removed: list[int] = []
-        self._finished: list[Finished] = []
-        self._pending_aborts: list[int] = []
-        self._prefilling: list[int] = []
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.requests)
-
-    @property
-    def rows_leaving_with_next_plan(self) -> list[int]:
-        """Requests that left the batch since the last plan; the executor still holds them."""
-        return list(self._removed)
-
-    def add_request(self, msg: AddRequest, now: float = 0.0) -> None:
-        """Queue a request; raises ValueError (and keeps nothing) when it can never run."""
-        cfg = self.config
-        if msg.req_id in self.requests:
-            raise ValueError(f"request id {msg.req_id} is already in use")
-        if msg.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        req = Request.from_message(msg, self._arrivals, self.eos_token_id, cfg.max_model_len)
-        if not 0 < req.num_prompt_tokens < cfg.max_model_len:
-            raise ValueError(
-                f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "
-                f"{cfg.max_model_len - 1} (the model's context is {cfg.max_model_len})"
-            )
-        if cdiv(req.stop_len - 1, cfg.block_size) > cfg.num_blocks:
-            raise ValueError(
-                f"prompt plus max_tokens needs {req.stop_len - 1} tokens of KV cache; "
-                f"it holds {cfg.num_blocks * cfg.block_size}"
-            )
-        self._arrivals += 1
-        req.arrived_at = now
-        self.requests[req.req_id] = req
-        self.waiting.push(req)
-        self.stats.prompt_tokens += req.num_prompt_tokens
-
-    def abort(self, req_id: int) -> None:
-        """End a request now, or right after the step in flight; unknown ids are ignored."""
-        if self._in_flight:
-            self._pending_aborts.append(req_id)
-            return
-        req = self.requests.get(req_id)
-        if req is None:
-            return
-        if req.status is Status.RUNNING:
-            self._drop_row(self.batch.slot_of[req_id], keep_tokens=False)
-        else:
-            self.waiting.discard(req)
-        self._end(req, "abort")
-
-    def restart(self, num_blocks: int) -> None:
-        """The executors' KV cache is gone (an executor died or was replaced): every running
-        request goes back to the front of the waiting queue with its tokens, to be recomputed,
-        and the block pool and prefix cache start empty."""
-        slots = self.batch.order.tolist()
-        running = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
-        self.stats.num_preemptions += len(running)
-        self.pool = BlockPool(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.batch = RunningBatch(
-            self.config.max_num_seqs, self.config.max_model_len, self.config.block_size
-        )
-        self.prefix_cache = PrefixCache(self.pool, self.batch)
-        for req in sorted(running, key=lambda r: r.rank(self.by_priority), reverse=True):
-            req.status = Status.WAITING
-            req.num_preemptions += 1
-            self.waiting.push_front(req)
-        self._removed, self._prefilling = [], []
-        self._in_flight = False
-        for req_id in self._pending_aborts:
-            self.abort(req_id)
-        self._pending_aborts = []
-
-    def fail_all(self, error: str) -> None:
-        """End every live request as "unavailable" (after `restart`, none is running)."""
-        for req in list(self.requests.values()):
-            if req.status is Status.RUNNING:
-                self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
-            else:
-                self.waiting.discard(req)
-            self._end(req, "unavailable", error)
-
-    def expire_waiting(self, now: float, max_wait: float) -> None:
-        """End, as "overloaded", requests that have waited more than `max_wait` without ever
-        running (a preempted request has started answering and is kept)."""
-        for req in list(self.requests.values()):
-            stale = now - req.arrived_at > max_wait
-            if stale and req.status is Status.WAITING and req.num_preemptions == 0:
-                self.waiting.discard(req)
-                self._end(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
-
-    def take_finished(self) -> list[Finished]:
-        """Endings that happened outside a step (aborts), for the caller to report."""
-        finished, self._finished = self._finished, []
-        return finished
-
+class Scheduler(RequestLifecycle):
     def schedule(self) -> BatchPlan:
         if self._in_flight:
             raise RuntimeError("schedule() called again before update()")
@@ -352,24 +224,3 @@ class Scheduler:
             ):
                 return
             self._preempt(worst)
-
-    def _preempt(self, slot: int) -> None:
-        req = self._drop_row(slot, keep_tokens=True)
-        req.status = Status.WAITING
-        req.num_preemptions += 1
-        self.waiting.push_front(req)
-        self.stats.num_preemptions += 1
-
-    def _drop_row(self, slot: int, keep_tokens: bool) -> Request:
-        if self.pool.enable_caching:
-            self.prefix_cache.publish(slot)
-        req, blocks = self.batch.release(slot, keep_tokens)
-        self.pool.release(blocks)
-        self._removed.append(req.req_id)
-        return req
-
-    def _end(self, req: Request, reason: str, error: str = "") -> None:
-        req.status = Status.FINISHED
-        req.finish_reason = reason
-        del self.requests[req.req_id]
-        self._finished.append(Finished(req.req_id, reason, error))

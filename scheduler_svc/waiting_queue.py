@@ -8,13 +8,24 @@ from collections import deque
 from scheduler_svc.request import Request, Status
 
 
-class FcfsQueue:
+class _LazyQueue:
+    """Counts live requests; an aborted one stays stored until it reaches the head."""
+
     def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
         self._live = 0
 
     def __len__(self) -> int:
         return self._live
+
+    def discard(self, req: Request) -> None:
+        """Forget an aborted request; it is skipped when it reaches the head."""
+        self._live -= 1
+
+
+class FcfsQueue(_LazyQueue):
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: deque[Request] = deque()
 
     def push(self, req: Request) -> None:
         self._queue.append(req)
@@ -24,10 +35,6 @@ class FcfsQueue:
         """A preempted request resumes before anything that arrived after it was admitted."""
         self._queue.appendleft(req)
         self._live += 1
-
-    def discard(self, req: Request) -> None:
-        """Forget an aborted request; it is skipped when it reaches the head."""
-        self._live -= 1
 
     def peek(self) -> Request | None:
         while self._queue and self._queue[0].status is not Status.WAITING:
@@ -42,7 +49,7 @@ class FcfsQueue:
         return self._queue.popleft()
 
 
-class PriorityQueue(FcfsQueue):
+class PriorityQueue(_LazyQueue):
     """Lowest (priority, arrival) first; a preempted request keeps its place by that key."""
 
     def __init__(self) -> None:

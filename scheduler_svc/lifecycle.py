@@ -43,6 +43,9 @@ class RequestLifecycle:
         self._finished: list[Finished] = []
         self._pending_aborts: list[int] = []
         self._prefilling: list[int] = []
+        # Static "padded" batching: rows whose request has ended but which compute on, their
+        # tokens discarded, until the last live row of their batch is done.
+        self._padding: set[int] = set()
 
     @property
     def has_work(self) -> bool:
@@ -90,14 +93,17 @@ class RequestLifecycle:
         else:
             self.waiting.discard(req)
         self._end(req, "abort")
+        self._retire_padding()
 
     def restart(self, num_blocks: int) -> None:
         """The executors' KV cache is gone (an executor died or was replaced): every running
         request goes back to the front of the waiting queue with its tokens, to be recomputed,
         and the block pool and prefix cache start empty."""
         slots = self.batch.order.tolist()
-        running = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
+        released = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
+        running = [req for req in released if req.status is Status.RUNNING]
         self.stats.num_preemptions += len(running)
+        self._padding = set()
         self.pool = BlockPool(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.batch = RunningBatch(
             self.config.max_num_seqs, self.config.max_model_len, self.config.block_size
@@ -137,6 +143,9 @@ class RequestLifecycle:
         return finished
 
     def _preempt(self, slot: int) -> None:
+        if slot in self._padding:
+            self._drop_row(slot, keep_tokens=False)
+            return
         req = self._drop_row(slot, keep_tokens=True)
         req.status = Status.WAITING
         req.num_preemptions += 1
@@ -149,7 +158,23 @@ class RequestLifecycle:
         req, blocks = self.batch.release(slot, keep_tokens)
         self.pool.release(blocks)
         self._removed.append(req.req_id)
+        self._padding.discard(slot)
         return req
+
+    def _finish_row(self, slot: int, reason: str) -> None:
+        if self.config.static_batching == "padded":
+            self._end(self.batch.requests[slot], reason)  # type: ignore[arg-type]
+            self._padding.add(slot)
+        else:
+            self._end(self._drop_row(slot, keep_tokens=False), reason)
+
+    def _retire_padding(self) -> None:
+        """Padding rows leave together once no live row is left in their batch, or one by one
+        at the model's context limit."""
+        batch_done = len(self._padding) == len(self.batch)
+        for slot in list(self._padding):
+            if batch_done or self.batch.num_tokens[slot] >= self.config.max_model_len - 1:
+                self._drop_row(slot, keep_tokens=False)
 
     def _end(self, req: Request, reason: str, error: str = "") -> None:
         req.status = Status.FINISHED

@@ -56,7 +56,7 @@ class Scheduler(RequestLifecycle):
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
-        closed = preempted or (self.config.static_batching and len(rows) > 0)
+        closed = preempted or (self.config.static_batching is not None and len(rows) > 0)
         new = [] if closed else self._admit(budget)
         plan = BatchPlan(
             step=self.step,
@@ -117,10 +117,15 @@ class Scheduler(RequestLifecycle):
         length = known[caught_up] + 1
         batch.tokens[sampling, length - 1] = sampled
         batch.num_tokens[sampling] = length
-        self.stats.generation_tokens += len(sampled)
         if self.pool.enable_caching:
             for slot in self._prefilling:
                 self.prefix_cache.publish(slot)
+        logprobs = result.logprobs
+        if self._padding:  # padding rows' tokens are computed, never answered
+            live = ~np.isin(sampling, list(self._padding))
+            sampling, sampled, length = sampling[live], sampled[live], length[live]
+            logprobs = [entry for entry, keep in zip(logprobs, live, strict=False) if keep]
+        self.stats.generation_tokens += len(sampled)
         req_ids = batch.req_ids[sampling]
         by_eos = sampled == batch.eos_token_id[sampling]
         ended = by_eos | (length >= batch.stop_len[sampling])
@@ -129,17 +134,17 @@ class Scheduler(RequestLifecycle):
                 by_eos[i] |= int(sampled[i]) in self.requests[int(req_ids[i])].stop_token_ids
             ended |= by_eos
         for i in np.flatnonzero(ended).tolist():
-            req = self._drop_row(int(sampling[i]), keep_tokens=False)
-            self._end(req, "stop" if by_eos[i] else "length")
+            self._finish_row(int(sampling[i]), "stop" if by_eos[i] else "length")
         for req_id in self._pending_aborts:
             self.abort(req_id)
         self._pending_aborts = []
+        self._retire_padding()
         return EngineOutputs(
             step=self.step,
             req_ids=pack_ids(req_ids),
-            token_ids=result.sampled,
+            token_ids=pack_ids(sampled),
             finished=self.take_finished(),
-            logprobs=result.logprobs,
+            logprobs=logprobs,
         )
 
     def _admit(self, budget: int) -> list[NewRequest]:

@@ -15,7 +15,7 @@ import zmq
 
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.scheduler import Scheduler
-from shared.config import SchedulerConfig
+from shared.config import SchedulerConfig, StaticBatching
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
     PROTOCOL_VERSION,
@@ -53,7 +53,7 @@ class SchedulerServiceConfig:
     max_model_len: int = 8192
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
-    static_batching: bool = False
+    static_batching: StaticBatching | None = None
     max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
     queue_timeout: float | None = None  # requests waiting longer never to run: HTTP 429
     step_timeout: float = 60.0  # a step not answered by then counts as a lost executor

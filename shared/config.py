@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Policy = Literal["fcfs", "priority"]
+# Static batching, the baseline continuous batching is measured against: a new batch is admitted
+# only once the previous one has completely finished. "padded" keeps a finished row computing
+# (its tokens discarded) until its batch's longest is done, as Hugging Face `generate` and the
+# static servers do; "compact" lets it leave, a stronger baseline on hardware whose step cost
+# grows with the batch.
+StaticBatching = Literal["padded", "compact"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,9 +23,7 @@ class SchedulerConfig:
     max_model_len: int = 8192
     policy: Policy = "fcfs"
     enable_prefix_caching: bool = True
-    # The baseline continuous batching is measured against: a new batch is admitted only once
-    # the previous one has completely finished.
-    static_batching: bool = False
+    static_batching: StaticBatching | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:
@@ -29,6 +33,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {self.policy!r}")
+        if self.static_batching not in (None, "padded", "compact"):
+            raise ValueError(f"unknown static batching mode {self.static_batching!r}")
 
     @property
     def max_blocks_per_seq(self) -> int:

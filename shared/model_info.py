@@ -132,6 +132,12 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     if tokenizer_config.exists():
         template = json.loads(tokenizer_config.read_text()).get("chat_template")
     eos = config.get("eos_token_id", 2)
+    # transformers 5 writes theta and scaling together as `rope_parameters`; older
+    # checkpoints have top-level `rope_theta` and `rope_scaling`.
+    rope = config.get("rope_parameters") or {}
+    rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    rope_scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default")
+                                                  != "default" else None)  # fmt: skip
     return ModelInfo(
         name=path.name,
         num_layers=config["num_hidden_layers"],
@@ -142,12 +148,12 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         vocab_size=config["vocab_size"],
         max_model_len=config.get("max_position_embeddings", 4096),
-        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rope_theta=float(rope_theta),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         bos_token_id=config.get("bos_token_id", 1),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,
-        rope_scaling=config.get("rope_scaling"),
+        rope_scaling=rope_scaling,
     )

@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 
 from executor_svc.simulated_executor import SimulatedExecutor, scripted_tokens
+from scheduler_svc.request import Status
 from scheduler_svc.scheduler import Scheduler
 from shared.batch_table import cdiv
 from shared.config import SchedulerConfig
@@ -132,5 +133,11 @@ class Harness:
             assert batch.num_computed[slot] == mirror.num_computed[other]
             assert batch.known_tokens(slot).tolist() == mirror.known_tokens(other).tolist()
             assert batch.blocks_of(slot).tolist() == mirror.blocks_of(other).tolist()
-        running = {int(r) for r in batch.req_ids[batch.order]}
-        assert running | {r.req_id for r in scheduler.requests.values()} == set(scheduler.requests)
+        # Rows run live requests, or (static padded batching) ended ones computing as padding.
+        rows = [batch.requests[slot] for slot in batch.order.tolist()]
+        live = {req.req_id for req in rows if req is not None and req.status is Status.RUNNING}
+        padding = {req.req_id for req in rows if req is not None and req.status is Status.FINISHED}
+        assert len(live) + len(padding) == len(rows)
+        assert live <= set(scheduler.requests) and not padding & set(scheduler.requests)
+        if padding:
+            assert scheduler.config.static_batching == "padded" and live

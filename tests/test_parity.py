@@ -101,3 +101,49 @@ def test_a_hugging_face_safetensors_folder_serves_like_the_gguf(
     assert engine.runner.info.num_kv_heads == 3 and engine.runner.info.tie_word_embeddings
     results = engine.generate(requests(prompt_ids[:3], SamplingParams()))
     assert [r.token_ids for r in results] == hf_greedy[:3]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3"])
+def test_other_llama_family_checkpoints_match_hf(family: str, tmp_path: Path) -> None:
+    """Small random checkpoints saved by transformers itself: Qwen2 (qkv bias, untied head)
+    and Llama 3 (llama3 RoPE scaling, untied head). Greedy tokens equal HF's, prompt by
+    prompt, with the prompts run together."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                 tie_word_embeddings=False, initializer_range=0.2)  # fmt: skip
+    if family == "qwen2":
+        config = transformers.Qwen2Config(**shape, rope_theta=1e6)
+        model = transformers.Qwen2ForCausalLM(config)
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+        with torch.no_grad():  # random init leaves biases at zero: make them count
+            for layer in model.model.layers:
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
+                    proj.bias.normal_(0, 0.5)
+    else:
+        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                       high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
+        config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=scaling)
+        model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path)
+    model.eval()
+    prompts = [[(7 * i + 3 * j) % 500 + 5 for j in range(length)]
+               for i, length in enumerate((3, 40, 17, 90))]  # fmt: skip
+    expected = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)  # fmt: skip
+            expected.append(out[0, len(ids) :].tolist())
+    assert len({tuple(tokens) for tokens in expected}) == len(prompts)  # not degenerate
+    engine = OfflineEngine(RunnerConfig(tmp_path, dtype="float32", num_blocks=64, max_num_seqs=4),
+                           max_num_batched_tokens=32)  # fmt: skip
+    results = engine.generate(requests(prompts, SamplingParams()))
+    assert [r.token_ids for r in results] == expected

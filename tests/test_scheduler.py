@@ -202,19 +202,43 @@ def test_steady_decode_plan_is_a_few_bytes_plus_new_blocks() -> None:
     assert np.all(harness.scheduler.batch.num_tokens[harness.scheduler.batch.order] > 8)
 
 
-def test_static_batching_admits_a_new_batch_only_when_the_last_is_done() -> None:
+@pytest.mark.parametrize("mode", ["padded", "compact"])
+def test_static_batching_admits_a_new_batch_only_when_the_last_is_done(mode: str) -> None:
     lengths = {0: 3, 1: 9, 2: 2, 3: 2}
-    harness = Harness(config(max_num_seqs=2, static_batching=True), lengths)
+    harness = Harness(config(max_num_seqs=2, static_batching=mode), lengths)
     for i in range(4):
         harness.add(i, [5, 6, 7], max_tokens=20)
-    admitted_at = {}
+    admitted_at, rows_per_step = {}, []
     while harness.scheduler.has_work:
         plan = harness.step()
+        harness.check_invariants()
+        rows_per_step.append(len(harness.executor.applier.batch))  # rows this step computed
         for new in plan.new:
             admitted_at[new.req_id] = len(harness.plans)
     # Requests 2 and 3 wait for the whole first batch, the 9-token request 1 included.
     assert admitted_at[0] == admitted_at[1] == 1
     assert admitted_at[2] == admitted_at[3] == 1 + 9  # the step after request 1 ends
+    # Every request answers exactly its own tokens, padded or not.
+    assert {i: len(tokens) for i, tokens in harness.tokens.items()} == lengths
+    assert harness.endings == {i: ["stop"] for i in lengths}
+    assert harness.scheduler.pool.num_free == harness.scheduler.pool.num_blocks
+    # Padded: request 0 computes on beside request 1 (2 rows for all 9 steps); compact: it
+    # leaves after its 3 tokens.
+    first_batch = rows_per_step[:9]
+    assert first_batch == ([2] * 9 if mode == "padded" else [2, 2, 2] + [1] * 6)
+
+
+def test_an_abort_in_a_padded_static_batch_frees_its_padding_rows() -> None:
+    harness = Harness(config(max_num_seqs=3, static_batching="padded"), {0: 2, 1: 30, 2: 2})
+    for i in range(3):
+        harness.add(i, [5, 6, 7], max_tokens=40)
+    for _ in range(4):
+        harness.step()
+    assert len(harness.scheduler.batch) == 3  # two of them padding
+    harness.abort(1)
+    harness.check_invariants()
+    assert len(harness.scheduler.batch) == 0 and not harness.scheduler.has_work
+    assert harness.scheduler.pool.num_free == harness.scheduler.pool.num_blocks
 
 
 def test_queue_deadline_ends_only_requests_that_never_ran() -> None:

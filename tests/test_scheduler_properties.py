@@ -30,6 +30,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 5),
         extra_budget=st.integers(0, 20),
         caching=st.booleans(),
+        static=st.sampled_from([None, None, "padded", "compact"]),
     )
     def configure(
         self,
@@ -39,6 +40,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs: int,
         extra_budget: int,
         caching: bool,
+        static: str | None,
     ) -> None:
         self.config = SchedulerConfig(
             num_blocks=max(2, blocks_of_tokens // block_size + 1),
@@ -48,6 +50,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_model_len=48,
             policy=policy,  # type: ignore[arg-type]
             enable_prefix_caching=caching,
+            static_batching=static,  # type: ignore[arg-type]
         )
         self.harness = Harness(self.config, self.lengths)
 

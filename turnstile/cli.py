@@ -62,8 +62,9 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument(
         "--static-batching",
-        action="store_true",
-        help="baseline for benchmarks: admit a new batch only when the last one is done",
+        choices=["padded", "compact"],
+        help="baseline for benchmarks: admit a new batch only when the last one is done; "
+        "padded: finished rows compute until the batch ends (as HF generate); compact: they leave",
     )
     parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
     parser.add_argument(
@@ -189,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     versus.add_argument("--output-len", type=int, default=64, help="lognormal median")
     versus.add_argument("--max-num-seqs", type=int, default=16)
     versus.add_argument("--seed", type=int, default=0)
-    versus.add_argument("--plot-prefix", default="", help="write PREFIX-{continuous,static}.png")
+    versus.add_argument(
+        "--plot-prefix", default="", help="write PREFIX-{continuous,padded,compact}.png"
+    )
     versus.set_defaults(handler=bench_commands.compare)
     parity = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     parity.add_argument("--new-tokens", type=int, default=64)

@@ -121,7 +121,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.no_prefix_caching:
         scheduler.append("--no-prefix-caching")
     if args.static_batching:
-        scheduler.append("--static-batching")
+        scheduler += ["--static-batching", args.static_batching]
     if args.max_waiting:
         scheduler += ["--max-waiting", str(args.max_waiting)]
     if args.queue_timeout:

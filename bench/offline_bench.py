@@ -3,7 +3,9 @@ same model, prompts, dtype and machine, in one run.
 
 Throughput: N random prompts of L tokens, M new tokens each (EOS ignored). Latency: one
 request alone, the median decode step. The matmul ceiling is this machine's measured
-matrix-multiply rate divided by the model's FLOPs per token.
+matrix-multiply rate divided by the weight FLOPs each output token costs in this workload: its
+own pass through every layer and the vocabulary projection, plus its share of the prompts'
+passes (L / M prompt tokens per output token, vocabulary projection left out).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bench import hf_baseline
 from executor_svc.cpu_runtime import best_dtype
 from executor_svc.model_runner import DTYPES, RunnerConfig
 from shared.model_info import embedded_model_path
@@ -71,8 +74,6 @@ def _requests(prompts: list[list[int]], new_tokens: int) -> list[AddRequest]:
 
 
 def run(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, dtype: str) -> OfflineReport:
-    from transformers import AutoModelForCausalLM
-
     path = embedded_model_path()
     dtype = best_dtype(torch.device("cpu")) if dtype == "auto" else dtype
     rng = np.random.default_rng(0)
@@ -89,43 +90,25 @@ def run(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, dtype: st
     info = engine.runner.info
     del engine
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=DTYPES[dtype])  # fmt: skip
-    model.generation_config.eos_token_id = None
-    generated, started = 0, time.perf_counter()
-    with torch.inference_mode():
-        for first in range(0, prompts, hf_batch):
-            batch = torch.tensor(token_ids[first : first + hf_batch])
-            out = model.generate(
-                batch,
-                attention_mask=torch.ones_like(batch),
-                max_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=2,
-            )
-            generated += (out.shape[1] - prompt_len) * out.shape[0]
-        hf = generated / (time.perf_counter() - started)
-        single = torch.tensor(token_ids[:1])
-        started = time.perf_counter()
-        model.generate(single, attention_mask=torch.ones_like(single), max_new_tokens=new_tokens,
-                       do_sample=False, pad_token_id=2)  # fmt: skip
-        hf_alone = (time.perf_counter() - started) * 1000 / new_tokens
+    model = hf_baseline.load_model(path, DTYPES[dtype])
+    hf = hf_baseline.generate(model, token_ids, [new_tokens] * prompts, hf_batch)
+    hf_alone = hf_baseline.generate(model, token_ids[:1], [new_tokens], 1)
+    del model
 
     gflops = _matmul_gflops(DTYPES[dtype], prompts)
-    params = (
-        info.num_layers
-        * (
-            info.hidden_size * (info.num_heads + 2 * info.num_kv_heads) * info.head_dim
-            + info.num_heads * info.head_dim * info.hidden_size
-            + 3 * info.hidden_size * info.intermediate_size
-        )
-        + info.vocab_size * info.hidden_size
+    layer_params = info.num_layers * (
+        info.hidden_size * (info.num_heads + 2 * info.num_kv_heads) * info.head_dim
+        + info.num_heads * info.head_dim * info.hidden_size
+        + 3 * info.hidden_size * info.intermediate_size
     )
+    params = layer_params + info.vocab_size * info.hidden_size
+    flops_per_output_token = 2 * params + 2 * layer_params * prompt_len / new_tokens
     return OfflineReport(
         dtype=dtype, prompts=prompts, prompt_len=prompt_len, new_tokens=new_tokens,
-        ours_tok_s=ours, hf_tok_s=hf, hf_batch=hf_batch, ours_ms_per_token_alone=alone,
-        hf_ms_per_token_alone=hf_alone, matmul_gflops=gflops,
-        ceiling_tok_s=gflops * 1e9 / (2 * params),
+        ours_tok_s=ours, hf_tok_s=hf.output_tok_s, hf_batch=hf_batch,
+        ours_ms_per_token_alone=alone, hf_ms_per_token_alone=hf_alone.median_tpot_ms,
+        matmul_gflops=gflops,
+        ceiling_tok_s=gflops * 1e9 / flops_per_output_token,
     )  # fmt: skip
 
 

@@ -35,3 +35,18 @@ def test_summary_percentiles_and_goodput() -> None:
     assert summary["goodput"] == 0.5  # five requests met the 0.5 s TTFT objective
     assert round(summary["tpot_ms"]["p50"], 6) == 100.0
     assert summary["errors"] == ["HTTP 503"]
+
+
+def test_serve_vs_hf_puts_both_on_the_same_prompts_in_one_run() -> None:
+    """A tiny round: our server and HF generate answer the same requests in full, and the
+    report's ratio is their throughputs' ratio."""
+    from bench.serve_vs_hf import compare
+
+    report = compare(rounds=1, num_prompts=4, input_len=8, output_len=6, hf_batch=2, seed=1)
+    (round_,) = report["rounds"]  # type: ignore[misc]
+    assert round_["turnstile_failed"] == 0
+    assert round_["turnstile_output_tok_s"] > 0 and round_["hf_output_tok_s"] > 0
+    assert round_["hf_tpot_p50_ms"] > 0 and round_["turnstile_tpot_p50_ms"] > 0
+    ratio = round_["turnstile_output_tok_s"] / round_["hf_output_tok_s"]
+    assert abs(round_["throughput_ratio"] - ratio) < 1e-9
+    assert report["median"] == round_

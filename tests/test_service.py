@@ -277,12 +277,15 @@ def test_bench_client_agrees_with_the_servers_prometheus_counters(server_for_ben
     assert grew("turnstile:prompt_tokens_total") == summary["prompt_tokens"]
     assert grew('turnstile:request_success_total{finished_reason="length"}') == 12
     assert summary["goodput"] == summary["request_throughput"]
+    assert after["turnstile:kv_cache_free_blocks"] == after["turnstile:kv_cache_total_blocks"]
 
 
-@pytest.fixture(scope="module")
-def server_for_bench() -> Iterator[Server]:
-    """A server of its own, so that no other test's traffic mixes into the counters."""
-    with launched_server("--num-blocks", "256", "--max-num-seqs", "8") as running:
+@pytest.fixture(scope="module", params=["continuous", "padded"])
+def server_for_bench(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A server of its own, so that no other test's traffic mixes into the counters; also
+    with padded static batching, whose padding tokens must count nowhere."""
+    static = [] if request.param == "continuous" else ["--static-batching", request.param]
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", *static) as running:
         yield running
 
 

@@ -76,3 +76,14 @@ def compare(args: argparse.Namespace) -> None:
         args.plot_prefix,
     )
     print(json.dumps(results, indent=2))
+
+
+def serve_vs_hf(args: argparse.Namespace) -> None:
+    import json
+
+    from bench.serve_vs_hf import compare
+
+    results = compare(
+        args.rounds, args.num_prompts, args.input_len, args.output_len, args.hf_batch, args.seed
+    )
+    print(json.dumps(results, indent=2))

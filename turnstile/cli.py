@@ -194,6 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot-prefix", default="", help="write PREFIX-{continuous,padded,compact}.png"
     )
     versus.set_defaults(handler=bench_commands.compare)
+    versus_hf = bench.add_parser(
+        "serve-vs-hf", help="our server on random prompts next to HF generate, repeated"
+    )
+    versus_hf.add_argument("--rounds", type=int, default=3)
+    versus_hf.add_argument("--num-prompts", type=int, default=64)
+    versus_hf.add_argument("--input-len", type=int, default=128)
+    versus_hf.add_argument("--output-len", type=int, default=128)
+    versus_hf.add_argument("--hf-batch", type=int, default=16)
+    versus_hf.add_argument("--seed", type=int, default=0)
+    versus_hf.set_defaults(handler=bench_commands.serve_vs_hf)
     parity = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     parity.add_argument("--new-tokens", type=int, default=64)
     parity.set_defaults(handler=bench_commands.parity)

@@ -12,6 +12,7 @@ stronger baseline, and both are reported.
 from __future__ import annotations
 
 import asyncio
+import statistics
 
 from bench.serve_bench import Job, Outcome, make_jobs, plot, run_load, summarize
 from bench.server_process import launched_server
@@ -26,32 +27,43 @@ def ideal_ratio(jobs: list[Job], batch: int) -> float:
     return padded / useful
 
 
+MODES = ("continuous", "padded", "compact")
+
+
 def compare(
-    num_prompts: int, input_len: int, output_len: int, batch: int, seed: int, plot_prefix: str
-) -> dict[str, object]:
+    num_prompts: int, input_len: int, output_len: int, batch: int, seed: int, plot_prefix: str,
+    rounds: int = 1,
+) -> dict[str, object]:  # fmt: skip
+    """Each round serves the jobs in every mode; the last round's summaries and plots, every
+    round's throughputs and ratios, and their medians."""
     jobs = make_jobs("longtail", num_prompts, input_len, output_len, seed)
-    results: dict[str, object] = {}
-    throughput = {}
-    for mode in ("continuous", "padded", "compact"):
-        flags = ["--max-num-seqs", str(batch)]
-        if mode != "continuous":
-            flags += ["--static-batching", mode]
-        with launched_server(*flags) as server:
-            # One client per batch slot, in job order: the static server then forms its
-            # batches from consecutive jobs, as `ideal_ratio` assumes.
-            outcomes: list[Outcome]
-            outcomes, duration = asyncio.run(
-                run_load(server.url, "SmolLM2-135M-Instruct", jobs, float("inf"), None, seed)
-            )
-        summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
-        throughput[mode] = summary["output_throughput"]
-        results[mode] = summary
-        if plot_prefix:
-            plot(outcomes, f"{plot_prefix}-{mode}.png", f"{mode} batching, longtail")
     ideal = ideal_ratio(jobs, batch)
-    ratios: dict[str, float] = {"ideal": ideal}
-    for static in ("padded", "compact"):
-        ratios[f"over_{static}"] = throughput["continuous"] / throughput[static]  # type: ignore[operator]
-        ratios[f"over_{static}_fraction_of_ideal"] = ratios[f"over_{static}"] / ideal
-    results["ratio"] = ratios
+    results: dict[str, object] = {}
+    per_round: list[dict[str, float]] = []
+    for round_ in range(rounds):
+        throughput: dict[str, float] = {}
+        for mode in MODES:
+            flags = ["--max-num-seqs", str(batch)]
+            if mode != "continuous":
+                flags += ["--static-batching", mode]
+            with launched_server(*flags) as server:
+                # All requests at once, in job order: a static server forms its batches from
+                # consecutive jobs, as `ideal_ratio` assumes.
+                outcomes: list[Outcome]
+                outcomes, duration = asyncio.run(
+                    run_load(server.url, "SmolLM2-135M-Instruct", jobs, float("inf"), None, seed)
+                )
+            summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
+            throughput[mode] = summary["output_throughput"]  # type: ignore[assignment]
+            results[mode] = summary
+            if plot_prefix and round_ == rounds - 1:
+                plot(outcomes, f"{plot_prefix}-{mode}.png", f"{mode} batching, longtail")
+        measured = {f"{mode}_tok_s": throughput[mode] for mode in MODES}
+        for static in MODES[1:]:
+            measured[f"over_{static}"] = throughput["continuous"] / throughput[static]
+            measured[f"over_{static}_fraction_of_ideal"] = measured[f"over_{static}"] / ideal
+        per_round.append(measured)
+    results["ideal_ratio"] = ideal
+    results["rounds"] = per_round
+    results["median"] = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
     return results

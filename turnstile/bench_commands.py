@@ -74,6 +74,7 @@ def compare(args: argparse.Namespace) -> None:
         args.max_num_seqs,
         args.seed,
         args.plot_prefix,
+        args.rounds,
     )
     print(json.dumps(results, indent=2))
 

@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     versus.add_argument("--output-len", type=int, default=64, help="lognormal median")
     versus.add_argument("--max-num-seqs", type=int, default=16)
     versus.add_argument("--seed", type=int, default=0)
+    versus.add_argument("--rounds", type=int, default=1, help="repeat; medians are reported")
     versus.add_argument(
         "--plot-prefix", default="", help="write PREFIX-{continuous,padded,compact}.png"
     )

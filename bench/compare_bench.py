@@ -16,6 +16,7 @@ import statistics
 
 from bench.serve_bench import Job, Outcome, make_jobs, plot, run_load, summarize
 from bench.server_process import launched_server
+from shared.model_info import embedded_model_path, served_name
 
 
 def ideal_ratio(jobs: list[Job], batch: int) -> float:
@@ -37,6 +38,7 @@ def compare(
     """Each round serves the jobs in every mode; the last round's summaries and plots, every
     round's throughputs and ratios, and their medians."""
     jobs = make_jobs("longtail", num_prompts, input_len, output_len, seed)
+    model = served_name(embedded_model_path())
     ideal = ideal_ratio(jobs, batch)
     results: dict[str, object] = {}
     per_round: list[dict[str, float]] = []
@@ -51,7 +53,7 @@ def compare(
                 # consecutive jobs, as `ideal_ratio` assumes.
                 outcomes: list[Outcome]
                 outcomes, duration = asyncio.run(
-                    run_load(server.url, "SmolLM2-135M-Instruct", jobs, float("inf"), None, seed)
+                    run_load(server.url, model, jobs, float("inf"), None, seed)
                 )
             summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
             throughput[mode] = summary["output_throughput"]  # type: ignore[assignment]

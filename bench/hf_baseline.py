@@ -57,6 +57,7 @@ def load_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    # Like ignore_eos: run past EOS (min_new_tokens would instead forbid EOS and change tokens).
     model.generation_config.eos_token_id = None
     return model.eval()
 

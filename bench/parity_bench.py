@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from bench import hf_baseline
 from executor_svc.model_runner import RunnerConfig
 from shared.model_info import embedded_model_path, read_model_info
 from shared.protocol import AddRequest, pack_ids
@@ -34,14 +35,7 @@ def prompt_ids() -> list[list[int]]:
 
 
 def hf_greedy(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    # Like ignore_eos: run past EOS (min_new_tokens would instead forbid EOS and change tokens).
-    model.generation_config.eos_token_id = None
+    model = hf_baseline.load_model(embedded_model_path(), torch.float32)
     outputs = []
     with torch.inference_mode():
         for ids in prompts:

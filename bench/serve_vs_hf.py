@@ -19,7 +19,7 @@ from bench.serve_bench import make_jobs, run_load, summarize
 from bench.server_process import launched_server
 from executor_svc.cpu_runtime import best_dtype
 from executor_svc.model_runner import DTYPES
-from shared.model_info import embedded_model_path
+from shared.model_info import embedded_model_path, served_name
 
 
 def compare(
@@ -28,12 +28,13 @@ def compare(
     jobs = make_jobs("random", num_prompts, input_len, output_len, seed)
     prompts = [job.prompt for job in jobs]
     output_lens = [job.output_len for job in jobs]
+    served = served_name(embedded_model_path())
     dtype = best_dtype(torch.device("cpu"))
     per_round = []
     for _ in range(rounds):
         with launched_server("--dtype", dtype) as server:
             outcomes, duration = asyncio.run(
-                run_load(server.url, "SmolLM2-135M-Instruct", jobs, float("inf"), None, seed)
+                run_load(server.url, served, jobs, float("inf"), None, seed)
             )
         ours = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
         model = hf_baseline.load_model(embedded_model_path(), DTYPES[dtype])

@@ -171,6 +171,8 @@ class RequestLifecycle:
     def _retire_padding(self) -> None:
         """Padding rows leave together once no live row is left in their batch, or one by one
         at the model's context limit."""
+        if not self._padding:
+            return
         batch_done = len(self._padding) == len(self.batch)
         for slot in list(self._padding):
             if batch_done or self.batch.num_tokens[slot] >= self.config.max_model_len - 1:

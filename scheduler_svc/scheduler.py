@@ -120,10 +120,11 @@ class Scheduler(RequestLifecycle):
         if self.pool.enable_caching:
             for slot in self._prefilling:
                 self.prefix_cache.publish(slot)
-        logprobs = result.logprobs
+        token_ids, logprobs = result.sampled, result.logprobs
         if self._padding:  # padding rows' tokens are computed, never answered
             live = ~np.isin(sampling, list(self._padding))
             sampling, sampled, length = sampling[live], sampled[live], length[live]
+            token_ids = pack_ids(sampled)
             logprobs = [entry for entry, keep in zip(logprobs, live, strict=False) if keep]
         self.stats.generation_tokens += len(sampled)
         req_ids = batch.req_ids[sampling]
@@ -142,7 +143,7 @@ class Scheduler(RequestLifecycle):
         return EngineOutputs(
             step=self.step,
             req_ids=pack_ids(req_ids),
-            token_ids=pack_ids(sampled),
+            token_ids=token_ids,
             finished=self.take_finished(),
             logprobs=logprobs,
         )

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 
 from bench.serve_bench import Job, Outcome, make_jobs, plot, run_load, summarize
-from bench.server_process import launched_server
+from bench.server_process import Server, launched_server
+from scheduler_svc.service import STATUS_INTERVAL
 from shared.model_info import embedded_model_path, served_name
 
 
@@ -29,6 +31,34 @@ def ideal_ratio(jobs: list[Job], batch: int) -> float:
 
 
 MODES = ("continuous", "padded", "compact")
+_STEPS = "turnstile:executor_step_seconds_count"
+_STEP_SECONDS = "turnstile:executor_step_seconds_sum"
+_TOKENS = "turnstile:generation_tokens_total"
+
+
+def step_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the server's own counters say about a run: how many steps it took, how many
+    useful tokens a step produced on average and how long a step took. Padding rows of
+    static batching are computed but not counted as tokens."""
+    steps = after[_STEPS] - before[_STEPS]
+    return {
+        "steps": steps,
+        "useful_tokens_per_step": (after[_TOKENS] - before[_TOKENS]) / steps,
+        "mean_step_ms": (after[_STEP_SECONDS] - before[_STEP_SECONDS]) / steps * 1000,
+    }
+
+
+def _serve(server: Server, model: str, jobs: list[Job], seed: int) -> dict[str, object]:
+    before = server.scrape()
+    # All requests at once, in job order: a static server forms its batches from consecutive
+    # jobs, as `ideal_ratio` assumes.
+    outcomes: list[Outcome]
+    outcomes, duration = asyncio.run(run_load(server.url, model, jobs, float("inf"), None, seed))
+    summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
+    time.sleep(2.5 * STATUS_INTERVAL)  # the scheduler refreshes its token counters this often
+    summary.update(step_stats(before, server.scrape()))
+    summary["outcomes"] = outcomes
+    return summary
 
 
 def compare(
@@ -43,27 +73,24 @@ def compare(
     results: dict[str, object] = {}
     per_round: list[dict[str, float]] = []
     for round_ in range(rounds):
-        throughput: dict[str, float] = {}
+        measured: dict[str, float] = {}
         for mode in MODES:
             flags = ["--max-num-seqs", str(batch)]
             if mode != "continuous":
                 flags += ["--static-batching", mode]
             with launched_server(*flags) as server:
-                # All requests at once, in job order: a static server forms its batches from
-                # consecutive jobs, as `ideal_ratio` assumes.
-                outcomes: list[Outcome]
-                outcomes, duration = asyncio.run(
-                    run_load(server.url, model, jobs, float("inf"), None, seed)
-                )
-            summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
-            throughput[mode] = summary["output_throughput"]  # type: ignore[assignment]
+                summary = _serve(server, model, jobs, seed)
+            outcomes: list[Outcome] = summary.pop("outcomes")  # type: ignore[assignment]
             results[mode] = summary
+            measured[f"{mode}_tok_s"] = summary["output_throughput"]  # type: ignore[assignment]
+            for stat in ("useful_tokens_per_step", "mean_step_ms"):
+                measured[f"{mode}_{stat}"] = summary[stat]  # type: ignore[assignment]
             if plot_prefix and round_ == rounds - 1:
                 plot(outcomes, f"{plot_prefix}-{mode}.png", f"{mode} batching, longtail")
-        measured = {f"{mode}_tok_s": throughput[mode] for mode in MODES}
         for static in MODES[1:]:
-            measured[f"over_{static}"] = throughput["continuous"] / throughput[static]
-            measured[f"over_{static}_fraction_of_ideal"] = measured[f"over_{static}"] / ideal
+            ratio = measured["continuous_tok_s"] / measured[f"{static}_tok_s"]
+            measured[f"over_{static}"] = ratio
+            measured[f"over_{static}_fraction_of_ideal"] = ratio / ideal
         per_round.append(measured)
     results["ideal_ratio"] = ideal
     results["rounds"] = per_round

@@ -50,3 +50,23 @@ def test_serve_vs_hf_puts_both_on_the_same_prompts_in_one_run() -> None:
     ratio = round_["turnstile_output_tok_s"] / round_["hf_output_tok_s"]
     assert abs(round_["throughput_ratio"] - ratio) < 1e-9
     assert report["median"] == round_
+
+
+def test_compare_counts_steps_from_the_servers_own_counters() -> None:
+    """A tiny compare: each mode's step count times its useful tokens per step is the tokens
+    the client received, and padded static batching spends at least its batches' longest
+    requests in steps, more than continuous batching needs."""
+    from bench.compare_bench import MODES, compare
+
+    jobs = make_jobs("longtail", 6, 8, 6, seed=1)
+    results = compare(
+        num_prompts=6, input_len=8, output_len=6, batch=2, seed=1, plot_prefix="", rounds=1
+    )
+    for mode in MODES:
+        summary = results[mode]
+        assert summary["failed"] == 0  # type: ignore[index]
+        received = summary["steps"] * summary["useful_tokens_per_step"]  # type: ignore[index]
+        assert round(received) == summary["output_tokens"]  # type: ignore[index]
+    longest_per_batch = sum(max(j.output_len for j in jobs[i : i + 2]) for i in range(0, 6, 2))
+    assert results["padded"]["steps"] >= longest_per_batch  # type: ignore[index]
+    assert results["continuous"]["steps"] < results["padded"]["steps"]  # type: ignore[index]

@@ -100,6 +100,7 @@ class ModelRunner:
             tensor(inputs.seq_lens),
             tensor(inputs.block_tables),
             tensor(inputs.slot_mapping),
+            self.config.block_size,
         )
         hidden = self.model.forward(
             tensor(inputs.input_ids), tensor(inputs.positions), batch, self.kv_caches

@@ -1,7 +1,7 @@
 """Attention and KV-cache kernels: Triton for CUDA, the torch reference for the CPU.
 
-Both modules offer the same three functions: `write_kv`, `paged_decode_attention` and
-`paged_prefill_attention`.
+Both modules offer the same functions: `write_kv`, `plan_decode` (once a step) with
+`paged_decode_attention` (every layer), and `paged_prefill_attention`.
 """
 
 from __future__ import annotations

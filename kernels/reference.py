@@ -8,6 +8,8 @@ Token t of a sequence lives in block `block_table[t // block_size]` at offset
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -25,30 +27,43 @@ def write_kv(
     v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, value)
 
 
-def _gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[rows, kv_heads, blocks * block_size, head_dim] for the rows' block tables."""
-    rows, width = block_tables.shape
-    num_blocks, block_size, heads, dim = cache.shape
+def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, kv_heads, blocks * block_size, head_dim] for the rows' block ids, row-major."""
+    num_blocks, _, heads, dim = cache.shape
     # index_select over flat rows: several times faster than advanced indexing on the CPU.
-    gathered = torch.index_select(cache.view(num_blocks, -1), 0, block_tables.reshape(-1))
-    return gathered.view(rows, width * block_size, heads, dim).transpose(1, 2)
+    gathered = torch.index_select(cache.view(num_blocks, -1), 0, block_ids)
+    return gathered.view(rows, -1, heads, dim).transpose(1, 2)
+
+
+@dataclass(slots=True, frozen=True)
+class DecodePlan:
+    """What every layer's decode attention needs, built once a step rather than per layer:
+    the rows' block ids as one flat index, and which gathered slots each row may see."""
+
+    block_ids: torch.Tensor  # [rows * blocks]
+    rows: int
+    visible: torch.Tensor  # [rows, 1, 1, blocks * block_size]
+
+
+def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
+    rows, width = block_tables.shape
+    positions = torch.arange(width * block_size, device=block_tables.device)
+    visible = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+    return DecodePlan(block_tables.reshape(-1), rows, visible)
 
 
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
+    plan: DecodePlan,
     scale: float,
 ) -> torch.Tensor:
     """One query token per row ([rows, heads, head_dim]) against its row's whole paged KV."""
-    keys = _gather_kv(k_cache, block_tables)
-    values = _gather_kv(v_cache, block_tables)
-    positions = torch.arange(keys.shape[2], device=query.device)
-    visible = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+    keys = _gather_kv(k_cache, plan.block_ids, plan.rows)
+    values = _gather_kv(v_cache, plan.block_ids, plan.rows)
     out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=visible, scale=scale, enable_gqa=True
+        query.unsqueeze(2), keys, values, attn_mask=plan.visible, scale=scale, enable_gqa=True
     )
     return out.squeeze(2)
 
@@ -76,8 +91,9 @@ def paged_prefill_attention(
     valid = index[None, :] < query_lens[:, None]
     token = (query_start_loc[:-1, None] + index[None, :]).clamp(max=query.shape[0] - 1)
     padded = query[token].transpose(1, 2)  # [rows, heads, longest, dim]
-    keys = _gather_kv(k_cache, block_tables)
-    values = _gather_kv(v_cache, block_tables)
+    block_ids = block_tables.reshape(-1)
+    keys = _gather_kv(k_cache, block_ids, rows)
+    values = _gather_kv(v_cache, block_ids, rows)
     # Query i of a row sits at position seq_len - query_len + i and sees keys up to there.
     query_pos = (seq_lens - query_lens)[:, None] + index[None, :]
     key_pos = torch.arange(keys.shape[2], device=query.device)

@@ -8,6 +8,8 @@ Block and token offsets are int64: block * stride overflows int32 on large cache
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -188,14 +190,24 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
+class DecodePlan(NamedTuple):
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
+    """The kernel reads the tables as they are; nothing to prepare."""
+    return DecodePlan(block_tables, seq_lens)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
+    plan: DecodePlan,
     scale: float,
 ) -> torch.Tensor:
+    block_tables, seq_lens = plan
     rows, heads, dim = query.shape
     out = torch.empty_like(query)
     paged_decode_kernel[(rows, heads)](

@@ -43,8 +43,12 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, block_size: int) -> 
     seq_lens = [1, 15, 16, 17, 40, 97]
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype)
     query = torch.randn(len(seq_lens), HEADS, DIM).to(dtype)
-    expected = reference.paged_decode_attention(query, k_cache, v_cache, tables, lens, DIM**-0.5)
-    got = triton_kernels.paged_decode_attention(query, k_cache, v_cache, tables, lens, DIM**-0.5)
+    expected, got = (
+        kernels.paged_decode_attention(
+            query, k_cache, v_cache, kernels.plan_decode(tables, lens, block_size), DIM**-0.5
+        )
+        for kernels in (reference, triton_kernels)
+    )
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
 
 

@@ -19,6 +19,13 @@ def offline(args: argparse.Namespace) -> None:
     print("\n".join(report.lines()))
 
 
+def step(args: argparse.Namespace) -> None:
+    from bench.step_profile import run
+
+    for rows in args.rows:
+        print("\n".join(run(rows, args.prompt_len, args.steps, args.dtype).lines()))
+
+
 def parity(args: argparse.Namespace) -> None:
     from bench.parity_bench import agreement
 

@@ -17,8 +17,7 @@ class AttentionBatch:
 
     slot_mapping: torch.Tensor
     decode_tokens: torch.Tensor
-    decode_block_tables: torch.Tensor
-    decode_seq_lens: torch.Tensor
+    decode_plan: object  # the backend's `plan_decode`, shared by every layer
     prefill_tokens: torch.Tensor
     prefill_block_tables: torch.Tensor
     prefill_seq_lens: torch.Tensor
@@ -34,6 +33,7 @@ class AttentionBatch:
         seq_lens: torch.Tensor,
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
+        block_size: int,
     ) -> AttentionBatch:
         query_lens = query_start_loc[1:] - query_start_loc[:-1]
         is_decode = query_lens == 1
@@ -48,8 +48,9 @@ class AttentionBatch:
         return cls(
             slot_mapping=slot_mapping,
             decode_tokens=query_start_loc[decode_rows],
-            decode_block_tables=block_tables[decode_rows],
-            decode_seq_lens=seq_lens[decode_rows],
+            decode_plan=kernels.plan_decode(
+                block_tables[decode_rows], seq_lens[decode_rows], block_size
+            ),
             prefill_tokens=prefill_tokens,
             prefill_block_tables=block_tables[prefill_rows],
             prefill_seq_lens=seq_lens[prefill_rows],
@@ -69,17 +70,14 @@ class AttentionBatch:
     ) -> torch.Tensor:
         self.kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if self.all_decode:
-            return self.kernels.paged_decode_attention(
-                q, k_cache, v_cache, self.decode_block_tables, self.decode_seq_lens, scale
-            )
+            return self.kernels.paged_decode_attention(q, k_cache, v_cache, self.decode_plan, scale)
         out = torch.empty_like(q)
         if len(self.decode_tokens):
             out[self.decode_tokens] = self.kernels.paged_decode_attention(
                 q[self.decode_tokens],
                 k_cache,
                 v_cache,
-                self.decode_block_tables,
-                self.decode_seq_lens,
+                self.decode_plan,
                 scale,
             )
         out[self.prefill_tokens] = self.kernels.paged_prefill_attention(

@@ -44,6 +44,16 @@ def rope_inverse_frequencies(info: ModelInfo) -> torch.Tensor:
     return inv_freq.float()
 
 
+def interleave_rotary_halves(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...).
+
+    RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
+    complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
+    and so attention, unchanged; V is not touched."""
+    order = torch.arange(head_dim).view(2, -1).t().reshape(-1)
+    return weight.reshape(heads, head_dim, -1)[:, order].reshape(weight.shape)
+
+
 class LlamaModel:
     def __init__(
         self,
@@ -58,8 +68,11 @@ class LlamaModel:
         def take(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
 
-        def joined(*names: str) -> torch.Tensor:
-            return torch.cat([take(name) for name in names])
+        def qkv(attn: str, kind: str) -> torch.Tensor:
+            q, k, v = (take(f"{attn}{p}_proj.{kind}") for p in "qkv")
+            q = interleave_rotary_halves(q, info.num_heads, info.head_dim)
+            k = interleave_rotary_halves(k, info.num_kv_heads, info.head_dim)
+            return torch.cat((q, k, v))
 
         self.embed = take("model.embed_tokens.weight")
         self.norm = take("model.norm.weight")
@@ -69,31 +82,35 @@ class LlamaModel:
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
             attn, mlp = prefix + "self_attn.", prefix + "mlp."
-            bias = None
-            if attn + "q_proj.bias" in weights:
-                bias = joined(*(attn + f"{p}_proj.bias" for p in "qkv"))
+            bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
                     input_norm=take(prefix + "input_layernorm.weight"),
-                    qkv=Linear(joined(*(attn + f"{p}_proj.weight" for p in "qkv")), bias),
+                    qkv=Linear(qkv(attn, "weight"), bias),
                     o_proj=Linear(take(attn + "o_proj.weight")),
                     post_norm=take(prefix + "post_attention_layernorm.weight"),
-                    gate_up=Linear(joined(mlp + "gate_proj.weight", mlp + "up_proj.weight")),
+                    gate_up=Linear(
+                        torch.cat((take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")))
+                    ),
                     down=Linear(take(mlp + "down_proj.weight")),
                 )
             )
         positions = torch.arange(info.max_model_len, dtype=torch.float32)
         angles = torch.outer(positions, rope_inverse_frequencies(info))
-        self.cos = angles.cos().to(device=device, dtype=dtype)
-        self.sin = angles.sin().to(device=device, dtype=dtype)
+        # cos + i sin per position and frequency, complex64 whatever the model's dtype.
+        self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
         self.scale = info.head_dim**-0.5
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        first, second = x.chunk(2, dim=-1)
-        return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    def _rotate(self, x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        """RoPE on heads whose dims are interleaved pairs (`interleave_rotary_halves`)."""
+        pairs = x.unflatten(-1, (-1, 2))
+        if pairs.dtype != torch.float32:  # no complex type pairs with bf16
+            pairs = pairs.float()
+        rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2)
+        return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
     def forward(
         self,
@@ -105,8 +122,7 @@ class LlamaModel:
         """Hidden states after the final norm, one row per input token."""
         info = self.info
         heads, kv_heads, head_dim = info.num_heads, info.num_kv_heads, info.head_dim
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        rotations = self.rotations[positions].unsqueeze(1)
         hidden = F.embedding(input_ids, self.embed)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self._rms_norm(hidden, layer.input_norm)
@@ -116,7 +132,7 @@ class LlamaModel:
                 .split((heads + kv_heads, kv_heads), dim=1)
             )
             # Q and K heads rotate together: one set of ops a layer instead of two.
-            q, k = self._rotate(qk, cos, sin).split((heads, kv_heads), dim=1)
+            q, k = self._rotate(qk, rotations).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale)
             hidden = layer.o_proj(attn.reshape(-1, heads * head_dim), residual=hidden)
             x = self._rms_norm(hidden, layer.post_norm)

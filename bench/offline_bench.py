@@ -20,9 +20,18 @@ import torch
 from bench import hf_baseline
 from executor_svc.cpu_runtime import best_dtype
 from executor_svc.model_runner import DTYPES, RunnerConfig
-from shared.model_info import embedded_model_path
+from shared.model_info import ModelInfo, embedded_model_path
 from shared.protocol import AddRequest, pack_ids
 from turnstile.offline import OfflineEngine
+
+
+@dataclass(slots=True)
+class OfflineRound:
+    ours_tok_s: float
+    hf_tok_s: float
+    ours_ms_per_token_alone: float
+    hf_ms_per_token_alone: float
+    ceiling_tok_s: float  # this round's measured matmul rate, over the workload's FLOPs
 
 
 @dataclass(slots=True)
@@ -31,25 +40,27 @@ class OfflineReport:
     prompts: int
     prompt_len: int
     new_tokens: int
-    ours_tok_s: float
-    hf_tok_s: float
     hf_batch: int
-    ours_ms_per_token_alone: float
-    hf_ms_per_token_alone: float
-    matmul_gflops: float
-    ceiling_tok_s: float
+    rounds: list[OfflineRound]
+
+    def median(self, field: str) -> float:
+        return statistics.median(getattr(r, field) for r in self.rounds)
 
     def lines(self) -> list[str]:
+        ratios = [r.ours_tok_s / r.hf_tok_s for r in self.rounds]
+        of_ceiling = [r.ours_tok_s / r.ceiling_tok_s for r in self.rounds]
         return [
             f"dtype {self.dtype}; {self.prompts} prompts x {self.prompt_len} in / "
-            f"{self.new_tokens} out",
-            f"turnstile: {self.ours_tok_s:.1f} output tok/s "
-            f"({self.ours_tok_s / self.ceiling_tok_s:.0%} of the matmul ceiling)",
-            f"HF transformers generate, batch {self.hf_batch}: {self.hf_tok_s:.1f} output tok/s",
-            f"ratio: {self.ours_tok_s / self.hf_tok_s:.2f}x",
-            f"alone: turnstile {self.ours_ms_per_token_alone:.1f} ms/token, "
-            f"HF {self.hf_ms_per_token_alone:.1f} ms/token",
-            f"matmul {self.matmul_gflops:.0f} GFLOP/s -> ceiling {self.ceiling_tok_s:.0f} tok/s",
+            f"{self.new_tokens} out; medians of {len(self.rounds)} rounds",
+            f"turnstile: {self.median('ours_tok_s'):.1f} output tok/s "
+            f"({statistics.median(of_ceiling):.0%} of the matmul ceiling)",
+            f"HF transformers generate, batch {self.hf_batch}: "
+            f"{self.median('hf_tok_s'):.1f} output tok/s",
+            f"ratio: {statistics.median(ratios):.2f}x "
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})",
+            f"alone: turnstile {self.median('ours_ms_per_token_alone'):.1f} ms/token, "
+            f"HF {self.median('hf_ms_per_token_alone'):.1f} ms/token",
+            f"matmul ceiling {self.median('ceiling_tok_s'):.0f} tok/s",
         ]
 
 
@@ -73,43 +84,49 @@ def _requests(prompts: list[list[int]], new_tokens: int) -> list[AddRequest]:
     ]
 
 
-def run(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, dtype: str) -> OfflineReport:
+def run(
+    prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, dtype: str, rounds: int = 1
+) -> OfflineReport:
+    """Each round times our engine, then HF on the same prompts; the two never overlap."""
     path = embedded_model_path()
     dtype = best_dtype(torch.device("cpu")) if dtype == "auto" else dtype
     rng = np.random.default_rng(0)
     token_ids = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(prompts)]
-
     engine = OfflineEngine(
         RunnerConfig(path, dtype=dtype, max_num_seqs=prompts), max_num_batched_tokens=2048
     )
     engine.generate(_requests(token_ids[:2], 4))  # warm-up
-    started = time.perf_counter()
-    results = engine.generate(_requests(token_ids, new_tokens))
-    ours = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
-    alone = _ms_per_token_alone(engine, token_ids[0], new_tokens)
-    info = engine.runner.info
-    del engine
-
     model = hf_baseline.load_model(path, DTYPES[dtype])
-    hf = hf_baseline.generate(model, token_ids, [new_tokens] * prompts, hf_batch)
-    hf_alone = hf_baseline.generate(model, token_ids[:1], [new_tokens], 1)
-    del model
+    flops = _flops_per_output_token(engine.runner.info, prompt_len, new_tokens)
+    measured = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        results = engine.generate(_requests(token_ids, new_tokens))
+        ours = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
+        alone = _ms_per_token_alone(engine, token_ids[0], new_tokens)
+        hf = hf_baseline.generate(model, token_ids, [new_tokens] * prompts, hf_batch)
+        hf_alone = hf_baseline.generate(model, token_ids[:1], [new_tokens], 1)
+        gflops = _matmul_gflops(DTYPES[dtype], prompts)
+        measured.append(
+            OfflineRound(
+                ours_tok_s=ours,
+                hf_tok_s=hf.output_tok_s,
+                ours_ms_per_token_alone=alone,
+                hf_ms_per_token_alone=hf_alone.median_tpot_ms,
+                ceiling_tok_s=gflops * 1e9 / flops,
+            )
+        )
+    return OfflineReport(dtype, prompts, prompt_len, new_tokens, hf_batch, measured)
 
-    gflops = _matmul_gflops(DTYPES[dtype], prompts)
+
+def _flops_per_output_token(info: ModelInfo, prompt_len: int, new_tokens: int) -> float:
     layer_params = info.num_layers * (
         info.hidden_size * (info.num_heads + 2 * info.num_kv_heads) * info.head_dim
         + info.num_heads * info.head_dim * info.hidden_size
         + 3 * info.hidden_size * info.intermediate_size
     )
     params = layer_params + info.vocab_size * info.hidden_size
-    flops_per_output_token = 2 * params + 2 * layer_params * prompt_len / new_tokens
-    return OfflineReport(
-        dtype=dtype, prompts=prompts, prompt_len=prompt_len, new_tokens=new_tokens,
-        ours_tok_s=ours, hf_tok_s=hf.output_tok_s, hf_batch=hf_batch,
-        ours_ms_per_token_alone=alone, hf_ms_per_token_alone=hf_alone.median_tpot_ms,
-        matmul_gflops=gflops,
-        ceiling_tok_s=gflops * 1e9 / flops_per_output_token,
-    )  # fmt: skip
+    return 2 * params + 2 * layer_params * prompt_len / new_tokens
 
 
 def _ms_per_token_alone(engine: OfflineEngine, prompt: list[int], new_tokens: int) -> float:

@@ -15,7 +15,9 @@ def scheduler(args: argparse.Namespace) -> None:
 def offline(args: argparse.Namespace) -> None:
     from bench.offline_bench import run
 
-    report = run(args.prompts, args.prompt_len, args.new_tokens, args.hf_batch, args.dtype)
+    report = run(
+        args.prompts, args.prompt_len, args.new_tokens, args.hf_batch, args.dtype, args.rounds
+    )
     print("\n".join(report.lines()))
 
 

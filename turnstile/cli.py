@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--new-tokens", type=int, default=128)
     offline.add_argument("--hf-batch", type=int, default=16)
     offline.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    offline.add_argument("--rounds", type=int, default=1, help="repeat; medians are reported")
     offline.set_defaults(handler=bench_commands.offline)
     step = bench.add_parser("step", help="where a decode step's time goes (torch.profiler)")
     step.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])

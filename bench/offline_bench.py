@@ -91,15 +91,20 @@ def run(
     path = embedded_model_path()
     dtype = best_dtype(torch.device("cpu")) if dtype == "auto" else dtype
     rng = np.random.default_rng(0)
-    token_ids = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(prompts)]
+
+    def fresh(count: int) -> list[list[int]]:
+        # Never a prompt seen before: ours would come from the prefix cache, HF's would not.
+        return [rng.integers(100, 40000, prompt_len).tolist() for _ in range(count)]
+
     engine = OfflineEngine(
         RunnerConfig(path, dtype=dtype, max_num_seqs=prompts), max_num_batched_tokens=2048
     )
-    engine.generate(_requests(token_ids[:2], 4))  # warm-up
+    engine.generate(_requests(fresh(2), 4))  # warm-up
     model = hf_baseline.load_model(path, DTYPES[dtype])
     flops = _flops_per_output_token(engine.runner.info, prompt_len, new_tokens)
     measured = []
     for _ in range(rounds):
+        token_ids = fresh(prompts)
         started = time.perf_counter()
         results = engine.generate(_requests(token_ids, new_tokens))
         ours = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)

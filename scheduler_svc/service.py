@@ -13,16 +13,15 @@ from dataclasses import dataclass
 
 import zmq
 
+from scheduler_svc.executor_link import ExecutorLink
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.scheduler import Scheduler
 from shared.config import SchedulerConfig, StaticBatching
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
-    PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
     EngineOutputs,
-    ExecutorToScheduler,
     Finished,
     Heartbeat,
     Register,
@@ -54,6 +53,7 @@ class SchedulerServiceConfig:
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
     static_batching: StaticBatching | None = None
+    static_fill_timeout: float = 1.0  # seconds; see `_filling_static_batch`
     max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
     queue_timeout: float | None = None  # requests waiting longer never to run: HTTP 429
     step_timeout: float = 60.0  # a step not answered by then counts as a lost executor
@@ -68,24 +68,20 @@ class SchedulerService:
         context = zmq.Context.instance()
         self.requests = make_socket(context, zmq.PULL, config.requests_address, bind=True)
         self.outputs = make_socket(context, zmq.PUSH, config.outputs_address, bind=True)
-        self.executors = make_socket(context, zmq.ROUTER, config.executors_address, bind=True)
         self.request_codec: FrameCodec[ToScheduler] = FrameCodec(ToScheduler, "scheduler.requests")
-        self.executor_codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
-            ExecutorToScheduler, "scheduler.executors"
+        self.link = ExecutorLink(
+            config.executors_address,
+            config.num_executors,
+            config.block_size,
+            config.max_num_seqs,
+            config.model,
         )
         self.metrics = SchedulerMetrics()
         self.scheduler: Scheduler | None = None
-        self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
         self.in_flight: tuple[int, float] | None = None  # step number, send time
         self.lost_since: float | None = None
         self.instance = secrets.randbits(62)
         self._last_status = 0.0
-        # A killed executor's TCP connection drops at once: the monitor reports it in
-        # milliseconds, where a heartbeat would take seconds.
-        # Any peer's drop raises it, a stray client's too, so each executor is then probed:
-        # with ROUTER_MANDATORY a send to a vanished peer fails at once.
-        self.disconnects = self.executors.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.executors.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._probe_at: float | None = None
 
     def serve_forever(self) -> None:
@@ -93,15 +89,15 @@ class SchedulerService:
             serve_metrics(self.config.metrics_port, self.config.metrics_host)
         poller = zmq.Poller()
         poller.register(self.requests, zmq.POLLIN)
-        poller.register(self.executors, zmq.POLLIN)
-        poller.register(self.disconnects, zmq.POLLIN)
+        poller.register(self.link.socket, zmq.POLLIN)
+        poller.register(self.link.disconnects, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
-            if self.disconnects in ready:
-                self.disconnects.recv_multipart()
+            if self.link.disconnects in ready:
+                self.link.disconnects.recv_multipart()
                 self._probe_executors()
                 self._probe_at = time.monotonic() + PROBE_DELAY
-            if self.executors in ready:
+            if self.link.socket in ready:
                 self._drain_executors()
             self._check_timeouts()
             if self.requests in ready:
@@ -112,31 +108,22 @@ class SchedulerService:
 
     @property
     def ready(self) -> bool:
-        return self.scheduler is not None and len(self.peers) == self.config.num_executors
+        return self.scheduler is not None and self.link.complete
 
     def _executor_lost(self, why: str) -> None:
-        if not self.peers or self.scheduler is None:
+        if not self.link.peers or self.scheduler is None:
             return
         log.error("%s: re-queueing %d running requests", why, len(self.scheduler.batch))
-        self.peers.clear()
+        self.link.peers.clear()
         self.in_flight = None
         self.lost_since = time.monotonic()
         self.scheduler.restart(self.scheduler.pool.num_blocks)
         self._send_status()
 
-    def _send_to(self, identity: bytes, frame: bytes) -> bool:
-        try:
-            self.executors.send_multipart([identity, frame], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # EHOSTUNREACH: gone; EAGAIN: not reading at all
-            return False
-        return True
-
     def _probe_executors(self) -> None:
-        probe = self.executor_codec.encode(Heartbeat(-1))
-        for rank, identity in list(self.peers.items()):
-            if not self._send_to(identity, probe):
-                self._executor_lost(f"executor rank {rank} disconnected")
-                return
+        gone = self.link.probe()
+        if gone is not None:
+            self._executor_lost(f"executor rank {gone} disconnected")
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
@@ -185,40 +172,30 @@ class SchedulerService:
             self._flush_finished()
 
     def _drain_executors(self) -> None:
-        while self.executors.poll(0):
-            identity, frame = self.executors.recv_multipart()
-            message = self.executor_codec.decode(frame)
+        for identity, message in self.link.receive():
             if isinstance(message, Register):
                 self._register(identity, message)
             elif isinstance(message, StepResult):
                 self._finish_step(message)
-            elif isinstance(message, Heartbeat) and identity not in self.peers.values():
+            elif isinstance(message, Heartbeat) and identity not in self.link.peers.values():
                 reply = RegisterReply(False, "unknown executor (the scheduler restarted)")
-                self._send_to(identity, self.executor_codec.encode(reply))
+                self.link.send_to(identity, reply)
 
     def _register(self, identity: bytes, hello: Register) -> None:
         config = self.config
-        expected = (PROTOCOL_VERSION, config.block_size, config.max_num_seqs, config.model)
-        offered = (hello.version, hello.block_size, hello.max_num_seqs, hello.model)
-        reason = ""
-        if offered != expected:
-            reason = f"executor offers (version, block_size, max_num_seqs, model) = {offered}; "
-            reason += f"this scheduler runs {expected}"
-        elif not 0 <= hello.rank < config.num_executors:
-            reason = f"rank {hello.rank} is outside 0..{config.num_executors - 1}"
+        reason = self.link.refusal(hello)
         first_step = self.scheduler.step + 1 if self.scheduler else 1
-        reply = RegisterReply(not reason, reason, first_step)
-        self._send_to(identity, self.executor_codec.encode(reply))
+        self.link.send_to(identity, RegisterReply(not reason, reason, first_step))
         if reason:
             log.error("refused an executor: %s", reason)
             return
-        self.peers[hello.rank] = identity
+        self.link.peers[hello.rank] = identity
         log.info("executor rank %d registered with %d KV blocks", hello.rank, hello.num_blocks)
         if self.scheduler is not None and self.ready:
             self.scheduler.restart(hello.num_blocks)  # a replacement: its cache is empty
             self.lost_since = None
             self._send_status()
-        elif self.scheduler is None and len(self.peers) == config.num_executors:
+        elif self.scheduler is None and self.link.complete:
             self.scheduler = Scheduler(
                 SchedulerConfig(
                     num_blocks=hello.num_blocks,
@@ -238,17 +215,30 @@ class SchedulerService:
         scheduler = self.scheduler
         if scheduler is None or not self.ready or self.in_flight is not None:
             return
-        if not scheduler.has_work:
+        if not scheduler.has_work or self._filling_static_batch(scheduler):
             return
         started = time.perf_counter()
-        frame = self.executor_codec.encode(scheduler.schedule())
+        plan_bytes, unreachable = self.link.broadcast(scheduler.schedule())
         self.metrics.step_seconds.observe(time.perf_counter() - started)
-        self.metrics.plan_bytes.observe(len(frame))
+        self.metrics.plan_bytes.observe(plan_bytes)
         self.in_flight = (scheduler.step, time.perf_counter())
-        for rank, identity in list(self.peers.items()):
-            if not self._send_to(identity, frame):
-                self._executor_lost(f"executor rank {rank} cannot take plans")
-                return
+        if unreachable is not None:
+            self._executor_lost(f"executor rank {unreachable} cannot take plans")
+
+    def _filling_static_batch(self, scheduler: Scheduler) -> bool:
+        """Whether a static server should wait for more requests before opening its next
+        batch. It waits until the batch is full or its first request has waited the fill
+        timeout, so requests sent together share a batch, as at a static server with a batching
+        window (and as `bench compare`'s ideal ratio assumes), even though they reach the
+        scheduler one by one."""
+        config = self.config
+        if config.static_batching is None or len(scheduler.batch) > 0:
+            return False
+        if len(scheduler.waiting) >= config.max_num_seqs:
+            return False
+        first = scheduler.waiting.peek()
+        waited = time.monotonic() - first.arrived_at if first is not None else 0.0
+        return first is not None and waited < config.static_fill_timeout
 
     def _finish_step(self, result: StepResult) -> None:
         scheduler = self.scheduler

@@ -289,6 +289,25 @@ def server_for_bench(request: pytest.FixtureRequest) -> Iterator[Server]:
         yield running
 
 
+def test_a_static_batch_waits_to_fill_and_opens_when_its_window_closes() -> None:
+    """Requests reaching a static server a little apart still share one batch, and a batch
+    that cannot fill opens once its first request has waited the fill timeout."""
+    from bench import serve_bench
+
+    static = ["--static-batching", "padded", "--static-fill-timeout", "3"]
+    with launched_server("--num-blocks", "64", "--max-num-seqs", "3", *static) as server:
+        before = server.scrape()["turnstile:executor_step_seconds_count"]
+        # Four 6-token answers arriving about 0.25 s apart: three fill a batch, the fourth
+        # waits for it to end, then for its window, and runs alone.
+        jobs = serve_bench.make_jobs("random", 4, 8, 6, seed=5)
+        outcomes, _ = asyncio.run(
+            serve_bench.run_load(server.url, MODEL, jobs, 4.0, None, 0, progress=False)
+        )
+        steps = server.scrape()["turnstile:executor_step_seconds_count"] - before
+    assert all(outcome.ok and outcome.output_tokens == 6 for outcome in outcomes)
+    assert steps == 2 * 6  # one prefill step and five decodes per batch
+
+
 @pytest.fixture(scope="module")
 def guarded_server() -> Iterator[Server]:
     """One running sequence, at most one waiting, an API key."""

@@ -66,6 +66,13 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         help="baseline for benchmarks: admit a new batch only when the last one is done; "
         "padded: finished rows compute until the batch ends (as HF generate); compact: they leave",
     )
+    parser.add_argument(
+        "--static-fill-timeout",
+        type=float,
+        default=1.0,
+        help="static batching: open a batch once it is full or its first request has waited "
+        "this many seconds",
+    )
     parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
     parser.add_argument(
         "--max-waiting",

@@ -55,6 +55,7 @@ def scheduler(args: argparse.Namespace) -> None:
             policy=args.policy,
             enable_prefix_caching=not args.no_prefix_caching,
             static_batching=args.static_batching,
+            static_fill_timeout=args.static_fill_timeout,
             max_waiting=args.max_waiting,
             queue_timeout=args.queue_timeout,
             metrics_port=args.metrics_port,
@@ -122,6 +123,7 @@ def serve(args: argparse.Namespace) -> None:
         scheduler.append("--no-prefix-caching")
     if args.static_batching:
         scheduler += ["--static-batching", args.static_batching]
+        scheduler += ["--static-fill-timeout", str(args.static_fill_timeout)]
     if args.max_waiting:
         scheduler += ["--max-waiting", str(args.max_waiting)]
     if args.queue_timeout:

@@ -1,0 +1,76 @@
+"""The scheduler's side of its executors: who is registered, how a plan reaches every one of
+them, and how a vanished one is noticed in milliseconds rather than a heartbeat later."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+import zmq
+
+from shared.protocol import PROTOCOL_VERSION, ExecutorToScheduler, Heartbeat, Register
+from shared.zmq_io import FrameCodec, make_socket
+
+
+class ExecutorLink:
+    def __init__(
+        self, address: str, num_executors: int, block_size: int, max_num_seqs: int, model: str
+    ) -> None:
+        self.socket = make_socket(zmq.Context.instance(), zmq.ROUTER, address, bind=True)
+        self.codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
+            ExecutorToScheduler, "scheduler.executors"
+        )
+        self.num_executors = num_executors
+        self.expected = (PROTOCOL_VERSION, block_size, max_num_seqs, model)
+        self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
+        # A killed executor's TCP connection drops at once: the monitor reports it in
+        # milliseconds, where a heartbeat would take seconds.
+        # Any peer's drop raises it, a stray client's too, so each executor is then probed:
+        # with ROUTER_MANDATORY a send to a vanished peer fails at once.
+        self.disconnects = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.peers) == self.num_executors
+
+    def receive(self) -> Iterator[tuple[bytes, ExecutorToScheduler | None]]:
+        """Every waiting message with its sender; None for a malformed one (counted)."""
+        while self.socket.poll(0):
+            identity, frame = self.socket.recv_multipart()
+            yield identity, self.codec.decode(frame)
+
+    def send_to(self, identity: bytes, message: msgspec.Struct) -> bool:
+        return self._send(identity, self.codec.encode(message))
+
+    def broadcast(self, message: msgspec.Struct) -> tuple[int, int | None]:
+        """Send to every registered executor: the frame's size, and the rank of the first
+        executor that could not take it, if one could not."""
+        frame = self.codec.encode(message)
+        for rank, identity in list(self.peers.items()):
+            if not self._send(identity, frame):
+                return len(frame), rank
+        return len(frame), None
+
+    def probe(self) -> int | None:
+        """The rank of an executor that is gone, if one is."""
+        return self.broadcast(Heartbeat(-1))[1]
+
+    def refusal(self, hello: Register) -> str:
+        """Why this executor cannot join, or "" if it can."""
+        offered = (hello.version, hello.block_size, hello.max_num_seqs, hello.model)
+        if offered != self.expected:
+            return (
+                f"executor offers (version, block_size, max_num_seqs, model) = {offered}; "
+                f"this scheduler runs {self.expected}"
+            )
+        if not 0 <= hello.rank < self.num_executors:
+            return f"rank {hello.rank} is outside 0..{self.num_executors - 1}"
+        return ""
+
+    def _send(self, identity: bytes, frame: bytes) -> bool:
+        try:
+            self.socket.send_multipart([identity, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # EHOSTUNREACH: gone; EAGAIN: not reading at all
+            return False
+        return True

@@ -48,7 +48,9 @@ def step_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     }
 
 
-def _serve(server: Server, model: str, jobs: list[Job], seed: int) -> dict[str, object]:
+def _serve(
+    server: Server, model: str, jobs: list[Job], seed: int
+) -> tuple[dict[str, object], list[Outcome]]:
     before = server.scrape()
     # All requests at once, in job order: a static server forms its batches from consecutive
     # jobs, as `ideal_ratio` assumes.
@@ -57,8 +59,7 @@ def _serve(server: Server, model: str, jobs: list[Job], seed: int) -> dict[str, 
     summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
     time.sleep(2.5 * STATUS_INTERVAL)  # the scheduler refreshes its token counters this often
     summary.update(step_stats(before, server.scrape()))
-    summary["outcomes"] = outcomes
-    return summary
+    return summary, outcomes
 
 
 def compare(
@@ -79,8 +80,7 @@ def compare(
             if mode != "continuous":
                 flags += ["--static-batching", mode]
             with launched_server(*flags) as server:
-                summary = _serve(server, model, jobs, seed)
-            outcomes: list[Outcome] = summary.pop("outcomes")  # type: ignore[assignment]
+                summary, outcomes = _serve(server, model, jobs, seed)
             results[mode] = summary
             measured[f"{mode}_tok_s"] = summary["output_throughput"]  # type: ignore[assignment]
             for stat in ("useful_tokens_per_step", "mean_step_ms"):

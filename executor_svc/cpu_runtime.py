@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
+
+from kernels.cpu_native import cpu_flags
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -21,18 +21,6 @@ def keep_freed_memory() -> None:
         return
     libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
     libc.mallopt(_M_MMAP_THRESHOLD, 2**30)
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 def best_dtype(device: torch.device) -> str:

@@ -59,14 +59,16 @@ class ModelRunner:
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.model.activation_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.model.activation_dtype, device=self.device),
             )
             for _ in range(self.info.num_layers)
         ]
         self.applier = PlanApplier(config.max_num_seqs, self.max_model_len, config.block_size)
         self.sampler = Sampler()
-        self.kernels = attention_backend(config.attention_backend, self.device.type)
+        self.kernels = attention_backend(
+            config.attention_backend, self.device.type, self.model.activation_dtype
+        )
         self.load_seconds = time.perf_counter() - started
         log.info("model ready in %.1f s, %d KV blocks", self.load_seconds, self.num_blocks)
 
@@ -80,7 +82,7 @@ class ModelRunner:
     def _blocks_for(self, gib: float) -> int:
         info = self.info
         per_block = 2 * info.num_layers * self.config.block_size * info.num_kv_heads
-        per_block *= info.head_dim * self.dtype.itemsize
+        per_block *= info.head_dim * self.model.activation_dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
 
     @torch.inference_mode()

@@ -1,6 +1,7 @@
-"""Attention and KV-cache kernels: Triton for CUDA, the torch reference for the CPU.
+"""Attention and KV-cache kernels: Triton for CUDA; on the CPU the native kernels where they
+build, else the torch reference.
 
-Both modules offer the same functions: `write_kv`, `plan_decode` (once a step) with
+All three modules offer the same functions: `write_kv`, `plan_decode` (once a step) with
 `paged_decode_attention` (every layer), and `paged_prefill_attention`.
 """
 
@@ -8,16 +9,28 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import torch
 
-def attention_backend(name: str, device_type: str) -> ModuleType:
-    """ "auto" picks Triton on CUDA and the torch reference elsewhere; "triton" on the CPU
-    needs TRITON_INTERPRET=1 (slow, for tests)."""
-    if name == "auto":
-        name = "triton" if device_type == "cuda" else "torch"
+
+def attention_backend(name: str, device_type: str, dtype: torch.dtype) -> ModuleType:
+    """ "auto" picks Triton on CUDA, and on the CPU the native kernels where they build (for a
+    float32 cache), else the torch reference; "triton" on the CPU needs TRITON_INTERPRET=1
+    (slow, for tests)."""
+    if name == "auto" and device_type == "cuda":
+        name = "triton"
+    elif name == "auto":
+        from kernels import cpu_native
+
+        native = dtype == torch.float32 and cpu_native.library() is not None
+        name = "native" if native else "torch"
     if name == "triton":
         from kernels import triton_attention
 
         return triton_attention
+    if name == "native":
+        from kernels import native_attention
+
+        return native_attention
     if name == "torch":
         from kernels import reference
 

@@ -166,8 +166,9 @@ def generate(args: argparse.Namespace) -> None:
 
 def prepare(args: argparse.Namespace) -> None:
     """Build the caches a first start would otherwise build: model header, tokenizer,
-    dequantized weights. Later starts only map files."""
+    dequantized weights, the native CPU kernels. Later starts only map files."""
     from executor_svc.model.weights import load_weights
+    from kernels import cpu_native
     from shared.model_info import read_model_info
     from shared.tokenizer import Tokenizer
 
@@ -175,7 +176,8 @@ def prepare(args: argparse.Namespace) -> None:
     info = read_model_info(path)
     Tokenizer(path, info)
     load_weights(path, info)
-    print(f"prepared {path}")
+    native = cpu_native.library()
+    print(f"prepared {path}; native CPU kernels: {'built' if native else 'unavailable'}")
 
 
 def keygen(_: argparse.Namespace) -> None:

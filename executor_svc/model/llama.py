@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from executor_svc.model.attention import AttentionBatch
 from executor_svc.model.linear import Linear
+from kernels import cpu_native
 from shared.model_info import ModelInfo
 
 
@@ -64,9 +65,14 @@ class LlamaModel:
     ) -> None:
         self.info = info
         self.dtype = dtype
+        # The native CPU kernels multiply bf16 weights in fp32 arithmetic, so with them the
+        # activations and KV cache stay fp32: bf16 halves the weight bytes, not the precision.
+        native = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+        native = native and cpu_native.library() is not None
+        self.activation_dtype = torch.float32 if native else dtype
 
-        def take(name: str) -> torch.Tensor:
-            return weights[name].to(device=device, dtype=dtype).contiguous()
+        def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=as_dtype).contiguous()
 
         def qkv(attn: str, kind: str) -> torch.Tensor:
             q, k, v = (take(f"{attn}{p}_proj.{kind}") for p in "qkv")
@@ -75,7 +81,7 @@ class LlamaModel:
             return torch.cat((q, k, v))
 
         self.embed = take("model.embed_tokens.weight")
-        self.norm = take("model.norm.weight")
+        self.norm = take("model.norm.weight", self.activation_dtype)
         tied = "lm_head.weight" not in weights
         self.lm_head = Linear(self.embed if tied else take("lm_head.weight"))
         self.layers = []
@@ -85,10 +91,12 @@ class LlamaModel:
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
-                    input_norm=take(prefix + "input_layernorm.weight"),
+                    input_norm=take(prefix + "input_layernorm.weight", self.activation_dtype),
                     qkv=Linear(qkv(attn, "weight"), bias),
                     o_proj=Linear(take(attn + "o_proj.weight")),
-                    post_norm=take(prefix + "post_attention_layernorm.weight"),
+                    post_norm=take(
+                        prefix + "post_attention_layernorm.weight", self.activation_dtype
+                    ),
                     gate_up=Linear(
                         torch.cat((take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")))
                     ),
@@ -123,7 +131,7 @@ class LlamaModel:
         info = self.info
         heads, kv_heads, head_dim = info.num_heads, info.num_kv_heads, info.head_dim
         rotations = self.rotations[positions].unsqueeze(1)
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = F.embedding(input_ids, self.embed).to(self.activation_dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self._rms_norm(hidden, layer.input_norm)
             qk, v = (

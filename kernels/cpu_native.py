@@ -1,0 +1,119 @@
+"""The CPU's native kernels (`kernels/native/*.c`): built once per machine with the system C
+compiler, cached by a digest of their source, and called through ctypes.
+
+They link the OpenMP runtime torch has already loaded (same soname), so both share one thread
+pool. Where they cannot run (no AVX2 and FMA, no C compiler) `library()` is None and callers
+keep torch's own ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from shared.model_info import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCES = sorted((Path(__file__).parent / "native").glob("*.c"))
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+LIBRARIES = ["-lm"]
+PANEL = 16  # output features per weight panel, as in gemm.c
+
+_PTR, _LONG = ctypes.c_void_p, ctypes.c_long
+_SIGNATURES = {
+    "linear_f32": [_PTR] * 5 + [_LONG] * 3,
+    "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
+    "paged_decode_attention_f32": [_PTR] * 4 + [_LONG, _PTR, _PTR] + [_LONG] * 5 + [ctypes.c_float],
+}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def build(compiler: str = "cc") -> Path:
+    """Compile the sources into a shared library in the cache, unless it is already there."""
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    target = cache_dir() / "native" / f"turnstile-{digest.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        command = [compiler, *FLAGS, *map(str, SOURCES), *LIBRARIES, "-o", str(partial)]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        partial.replace(target)
+        log.info("built the native CPU kernels: %s", target)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    if not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
+        log.warning("native CPU kernels unavailable (need AVX2, FMA and a C compiler)")
+        return None
+    try:
+        path = build()
+    except subprocess.CalledProcessError as error:
+        log.warning("native CPU kernels failed to build:\n%s", error.stderr)
+        return None
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+    return lib
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] (float32 or bfloat16) into panels of 16 output features, each [in][16],
+    zero-padded to whole panels: the layout `linear` streams."""
+    out_features, in_features = weight.shape
+    panels = -(-out_features // PANEL)
+    padded = weight.new_zeros(panels * PANEL, in_features)
+    padded[:out_features] = weight
+    return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
+
+
+def linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T (+ bias) (+ residual)` in float32, `packed` from `pack_weight`."""
+    lib = library()
+    assert lib is not None
+    x = x.contiguous()
+    if residual is not None:
+        residual = residual.contiguous()  # bound here: a temporary would be freed before the call
+    rows, in_features = x.shape
+    out = x.new_empty(rows, out_features)
+    kernel = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
+    kernel(
+        x.data_ptr(),
+        packed.data_ptr(),
+        out.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        rows,
+        out_features,
+        in_features,
+    )
+    return out

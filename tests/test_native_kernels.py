@@ -1,0 +1,102 @@
+"""The native CPU kernels (kernels/native/*.c) against torch: projections with float32 and
+bfloat16 weights, paged decode attention, and the fallbacks where they cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_kernels import DIM, HEADS, paged_setup
+
+from executor_svc.model.linear import Linear
+from kernels import attention_backend, cpu_native, native_attention, reference
+
+
+def test_the_library_builds_on_this_machine() -> None:
+    """AVX2, FMA and gcc are here: the production path must be the native one, not a fallback."""
+    assert {"avx2", "fma"} <= cpu_native.cpu_flags()
+    assert cpu_native.library() is not None
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 64])
+def test_linear_matches_torch_with_bias_and_residual(weight_dtype: torch.dtype, rows: int) -> None:
+    # 40 outputs: two whole panels of 16 and a partial one; 37 inputs: no multiple of 8.
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(40, 37, generator=generator).to(weight_dtype)
+    bias = torch.randn(40, generator=generator)
+    x = torch.randn(rows, 37, generator=generator)
+    residual = torch.randn(rows, 40, generator=generator)
+    exact = F.linear(x, weight.float(), bias)
+    plain = Linear(weight)
+    biased = Linear(weight, bias)
+    assert plain.weight is None  # the native path holds the panels only
+    torch.testing.assert_close(plain(x), F.linear(x, weight.float()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(biased(x), exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(biased(x, residual), exact + residual, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
+    weight = torch.randn(32, 24)
+    x = torch.randn(24, 5).t()
+    residual = torch.randn(32, 5).t()
+    got = Linear(weight)(x, residual)
+    torch.testing.assert_close(got, x @ weight.t() + residual, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_decode_matches_reference(block_size: int) -> None:
+    # Ragged, partial last blocks, 9 query heads on 3 KV heads, and rows of 8+ tokens (the
+    # kernel scores eight at a time) next to shorter ones.
+    seq_lens = [1, 7, 8, 15, 16, 17, 40, 97, 250]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, torch.float32)
+    query = torch.randn(len(seq_lens), HEADS, DIM)
+    expected, got = (
+        kernels.paged_decode_attention(
+            query, k_cache, v_cache, kernels.plan_decode(tables, lens, block_size), DIM**-0.5
+        )
+        for kernels in (reference, native_attention)
+    )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_softmax_is_stable_for_large_scores() -> None:
+    """Scores in the thousands would overflow a naive exp; the kernel subtracts the max."""
+    k_cache, v_cache, tables, lens = paged_setup([33, 5], 16, torch.float32, seed=3)
+    query = torch.randn(2, HEADS, DIM) * 300
+    plans = [kernels.plan_decode(tables, lens, 16) for kernels in (reference, native_attention)]
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plans[0], DIM**-0.5)
+    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plans[1], DIM**-0.5)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_backend_choice_follows_the_cache_dtype() -> None:
+    assert attention_backend("auto", "cpu", torch.float32) is native_attention
+    assert attention_backend("auto", "cpu", torch.bfloat16) is reference
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention_backend("fast", "cpu", torch.float32)
+
+
+def test_without_the_library_projections_fall_back_to_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cpu_native, "library", lambda: None)
+    weight, x = torch.randn(20, 8), torch.randn(3, 8)
+    linear = Linear(weight)
+    assert linear.weight is weight
+    torch.testing.assert_close(linear(x, residual=x[:, :1]), x @ weight.t() + x[:, :1])
+    assert attention_backend("auto", "cpu", torch.float32) is reference
+
+
+def test_a_build_is_cached_by_source_digest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))
+    first = cpu_native.build()
+    stamp = first.stat().st_mtime_ns
+    assert cpu_native.build() == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-DTURNSTILE_TEST"])
+    assert cpu_native.build() != first

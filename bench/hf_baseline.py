@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from executor_svc.cpu_runtime import native_bf16_matmul
+
 
 @dataclass(slots=True)
 class HfRun:
@@ -46,6 +48,11 @@ class _StepClock:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self.stamps.append(time.perf_counter())
         return scores
+
+
+def best_dtype() -> torch.dtype:
+    """HF's fastest dtype on this CPU: bf16 only where torch multiplies it in hardware."""
+    return torch.bfloat16 if native_bf16_matmul(torch.device("cpu")) else torch.float32
 
 
 def load_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:

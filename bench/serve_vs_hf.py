@@ -3,8 +3,9 @@ same prompts, in one run, repeated.
 
 Each round launches `turnstile serve`, sends every request of the `random` dataset at once
 (unbounded rate, streaming, EOS ignored), stops the server, then runs the same prompts through
-HF's static `generate` in batches of --hf-batch, in the same float dtype the server picked. The
-two never share the CPU. Medians over rounds, and the per-round ratio, are reported.
+HF's static `generate` in batches of --hf-batch, each in its fastest dtype here (the server's
+`auto`; HF's bf16 only where torch multiplies bf16 in hardware, else float32). The two never
+share the CPU. Medians over rounds, and the per-round ratio, are reported.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from bench import hf_baseline
 from bench.serve_bench import make_jobs, run_load, summarize
 from bench.server_process import launched_server
 from executor_svc.cpu_runtime import best_dtype
-from executor_svc.model_runner import DTYPES
 from shared.model_info import embedded_model_path, served_name
 
 
@@ -30,6 +30,7 @@ def compare(
     output_lens = [job.output_len for job in jobs]
     served = served_name(embedded_model_path())
     dtype = best_dtype(torch.device("cpu"))
+    hf_dtype = hf_baseline.best_dtype()
     per_round = []
     for _ in range(rounds):
         with launched_server("--dtype", dtype) as server:
@@ -37,7 +38,7 @@ def compare(
                 run_load(server.url, served, jobs, float("inf"), None, seed)
             )
         ours = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
-        model = hf_baseline.load_model(embedded_model_path(), DTYPES[dtype])
+        model = hf_baseline.load_model(embedded_model_path(), hf_dtype)
         hf = hf_baseline.generate(model, prompts, output_lens, hf_batch)
         del model
         per_round.append(
@@ -57,8 +58,9 @@ def compare(
     medians = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
     return {
         "setup": {
-            "dtype": dtype, "prompts": num_prompts, "input_len": input_len,
-            "output_len": output_len, "hf_batch": hf_batch, "rounds": rounds,
+            "dtype": dtype, "hf_dtype": str(hf_dtype).removeprefix("torch."),
+            "prompts": num_prompts, "input_len": input_len, "output_len": output_len,
+            "hf_batch": hf_batch, "rounds": rounds,
         },
         "rounds": per_round,
         "median": medians,

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from executor_svc.model import native_decode
 from executor_svc.model_runner import RunnerConfig
+from kernels import cpu_native
 from shared.model_info import embedded_model_path
 from shared.protocol import AddRequest, pack_ids
 from turnstile.offline import OfflineEngine
 
-# Op names (torch 2.13, CPU) by the part of the model that calls them.
+# Op names (torch 2.13, CPU) and native kernels' labels by the part of the model that calls them.
 KINDS = {
-    "projections": ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"),
+    "decode layers (native, one call a layer)": (native_decode.PROFILE_LABEL,),
+    "projections": (cpu_native.PROFILE_LABEL, "aten::addmm", "aten::mm", "aten::linear"),
     "attention": (
         "aten::index_select",
         "aten::index_copy_",

@@ -23,16 +23,38 @@ from shared.model_info import cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCES = sorted((Path(__file__).parent / "native").glob("*.c"))
+NATIVE = Path(__file__).parent / "native"
+SOURCES = sorted(NATIVE.glob("*.c"))
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 LIBRARIES = ["-lm"]
 PANEL = 16  # output features per weight panel, as in gemm.c
+PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by
 
 _PTR, _LONG = ctypes.c_void_p, ctypes.c_long
+
+
+class DecodeStep(ctypes.Structure):
+    """decode_layer.c's `Step`: the shapes and per-step inputs every layer of a step shares."""
+
+    _fields_ = [
+        *((name, _LONG) for name in ("rows", "hidden", "intermediate", "heads", "kv_heads", "dim")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *((name, _PTR) for name in ("k_cache", "v_cache", "slots", "rotations", "block_tables")),
+        ("width", _LONG),
+        ("block_size", _LONG),
+        ("seq_lens", _PTR),
+        ("scratch", _PTR),
+    ]
+
+
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
     "paged_decode_attention_f32": [_PTR] * 4 + [_LONG, _PTR, _PTR] + [_LONG] * 5 + [ctypes.c_float],
+    "decode_layer_f32": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer_bf16": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer_scratch": [_LONG] * 6,
 }
 
 
@@ -51,7 +73,7 @@ def cpu_flags() -> frozenset[str]:
 def build(compiler: str = "cc") -> Path:
     """Compile the sources into a shared library in the cache, unless it is already there."""
     digest = hashlib.sha256(" ".join(FLAGS).encode())
-    for source in SOURCES:
+    for source in sorted(NATIVE.glob("*.[ch]")):
         digest.update(source.read_bytes())
     target = cache_dir() / "native" / f"turnstile-{digest.hexdigest()[:16]}.so"
     if not target.exists():
@@ -77,6 +99,7 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
+    lib.decode_layer_scratch.restype = _LONG
     return lib
 
 
@@ -106,14 +129,15 @@ def linear(
     rows, in_features = x.shape
     out = x.new_empty(rows, out_features)
     kernel = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
-    kernel(
-        x.data_ptr(),
-        packed.data_ptr(),
-        out.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        None if residual is None else residual.data_ptr(),
-        rows,
-        out_features,
-        in_features,
-    )
+    with torch.profiler.record_function(PROFILE_LABEL):
+        kernel(
+            x.data_ptr(),
+            packed.data_ptr(),
+            out.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            rows,
+            out_features,
+            in_features,
+        )
     return out

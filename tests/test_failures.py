@@ -37,7 +37,8 @@ def kill_child(server: Server, service: str) -> None:
 
 async def stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[str, list]:
     """The streamed text and any error events; (text, [status]) if refused outright."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 48, "temperature": 0,
+    # Long enough to be under way when the fault comes 1.5 s in, however fast a step is.
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 256, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:

@@ -100,3 +100,33 @@ def test_a_build_is_cached_by_source_digest(
     assert cpu_native.build() == first and first.stat().st_mtime_ns == stamp
     monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-DTURNSTILE_TEST"])
     assert cpu_native.build() != first
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_decode_layers_generate_what_the_torch_layers_generate(dtype: str) -> None:
+    """The embedded model decoding through decode_layer.c (one call a layer) against the same
+    weights through the torch layer code; prefill takes the torch layers in both."""
+    from executor_svc.model_runner import RunnerConfig
+    from shared.model_info import embedded_model_path
+    from shared.protocol import AddRequest, pack_ids
+    from turnstile.offline import OfflineEngine
+
+    prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1040)), [1, 2, 3]]
+    outputs = {}
+    for backend in ("native", "torch"):
+        engine = OfflineEngine(
+            RunnerConfig(
+                embedded_model_path(), dtype=dtype, num_blocks=32, max_num_seqs=4,
+                attention_backend=backend,
+            ),
+            max_num_batched_tokens=64,
+        )  # fmt: skip
+        fused = engine.runner.model.native_decode
+        assert fused is not None
+        requests = [
+            AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=12, ignore_eos=True)
+            for i, p in enumerate(prompts)
+        ]
+        outputs[backend] = [result.token_ids for result in engine.generate(requests)]
+    assert outputs["native"] == outputs["torch"]
+    assert all(len(tokens) == 12 for tokens in outputs["native"])

@@ -18,24 +18,24 @@ from kernels import cpu_native
 
 
 class Linear:
-    __slots__ = ("_packed", "bias", "out_features", "weight")
+    __slots__ = ("bias", "out_features", "packed", "weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """`weight` is [out, in], as checkpoints store it."""
         self.out_features = weight.shape[0]
-        self._packed: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
         self.bias = bias
         native = weight.dtype in (torch.float32, torch.bfloat16)
         if weight.device.type == "cpu" and native and cpu_native.library() is not None:
-            self._packed = cpu_native.pack_weight(weight)
+            self.packed = cpu_native.pack_weight(weight)
             self.weight = None  # the panels are all a CPU forward needs
             self.bias = None if bias is None else bias.float()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """`x @ weight.T + bias`, plus `residual` when given (added as each output is stored
         on the CPU, so the sum never makes a separate pass over memory)."""
-        if self._packed is not None:
-            return cpu_native.linear(x, self._packed, self.out_features, self.bias, residual)
+        if self.packed is not None:
+            return cpu_native.linear(x, self.packed, self.out_features, self.bias, residual)
         out = F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
         return out if residual is None else residual + out

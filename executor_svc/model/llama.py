@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from executor_svc.model.attention import AttentionBatch
 from executor_svc.model.linear import Linear
-from kernels import cpu_native
+from executor_svc.model.native_decode import NativeDecode
+from kernels import cpu_native, native_attention
 from shared.model_info import ModelInfo
 
 
@@ -108,6 +109,7 @@ class LlamaModel:
         # cos + i sin per position and frequency, complex64 whatever the model's dtype.
         self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
         self.scale = info.head_dim**-0.5
+        self.native_decode = NativeDecode(info, self.layers, self.rotations) if native else None
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
@@ -130,8 +132,17 @@ class LlamaModel:
         """Hidden states after the final norm, one row per input token."""
         info = self.info
         heads, kv_heads, head_dim = info.num_heads, info.num_kv_heads, info.head_dim
-        rotations = self.rotations[positions].unsqueeze(1)
         hidden = F.embedding(input_ids, self.embed).to(self.activation_dtype)
+        if (
+            self.native_decode is not None
+            and batch.all_decode
+            and batch.kernels is native_attention
+        ):
+            hidden = self.native_decode(
+                hidden, positions, batch.decode_plan, batch.slot_mapping, kv_caches
+            )
+            return self._rms_norm(hidden, self.norm)
+        rotations = self.rotations[positions].unsqueeze(1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self._rms_norm(hidden, layer.input_norm)
             qk, v = (

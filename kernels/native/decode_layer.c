@@ -1,0 +1,120 @@
+/* One Llama decoder layer for a step where every row decodes one token, in one call: RMSNorm,
+ * the fused QKV projection, RoPE, the KV-cache write, paged attention, the output projection
+ * with its residual, RMSNorm, gate-up, SiLU(gate) * up and the down projection with its
+ * residual. On the torch path that is some twenty calls a layer, each with Python and dispatch
+ * costs that outweigh the arithmetic when a step has one or a few rows. */
+#include <math.h>
+#include <stdint.h>
+
+#include "simd.h"
+
+void linear_f32(const float *x, const float *w, float *y, const float *bias,
+                const float *residual, long M, long N, long K);
+void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
+                 const float *residual, long M, long N, long K);
+int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+                               const long *block_tables, long width, const long *seq_lens,
+                               float *out, long rows, long heads, long kv_heads, long dim,
+                               long block_size, float scale);
+
+typedef struct {
+    long rows, hidden, intermediate, heads, kv_heads, dim;
+    float eps, scale;
+    float *k_cache, *v_cache;
+    const long *slots;        /* [rows] flat cache slot of each row's new token */
+    const float *rotations;   /* [rows][dim / 2][2]: cos, sin at each row's position */
+    const long *block_tables; /* [rows][width] */
+    long width, block_size;
+    const long *seq_lens;     /* [rows], the new token included */
+    float *scratch;           /* see `decode_layer_scratch` */
+} Step;
+
+long decode_layer_scratch(long rows, long hidden, long intermediate, long heads, long kv_heads,
+                          long dim) {
+    return rows * ((heads + 2 * kv_heads) * dim + 2 * heads * dim + hidden + 3 * intermediate);
+}
+
+/* Same formula as torch's rms_norm: x * rsqrt(mean(x^2) + eps) * weight. */
+static void rms_norm(const float *x, const float *weight, float *out, long rows, long n,
+                     float eps) {
+    for (long r = 0; r < rows; r++, x += n, out += n) {
+        float sum = 0.0f;
+        for (long i = 0; i < n; i++) sum += x[i] * x[i];
+        float inverse = 1.0f / sqrtf(sum / n + eps);
+        for (long i = 0; i < n; i++) out[i] = x[i] * inverse * weight[i];
+    }
+}
+
+/* RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves in
+ * executor_svc/model/llama.py), then K and V into the cache. */
+static void rotate_and_cache(const Step *s, float *qkv) {
+    const long dim = s->dim, width = (s->heads + 2 * s->kv_heads) * dim;
+    const long kv_width = s->kv_heads * dim;
+    for (long r = 0; r < s->rows; r++, qkv += width) {
+        const float *turn = s->rotations + r * dim;
+        for (long h = 0; h < s->heads + s->kv_heads; h++) {
+            float *pair = qkv + h * dim;
+            for (long i = 0; i < dim; i += 2) {
+                float re = pair[i], im = pair[i + 1], c = turn[i], sn = turn[i + 1];
+                pair[i] = re * c - im * sn;
+                pair[i + 1] = re * sn + im * c;
+            }
+        }
+        const float *key = qkv + s->heads * dim, *value = key + kv_width;
+        float *k_slot = s->k_cache + s->slots[r] * kv_width;
+        float *v_slot = s->v_cache + s->slots[r] * kv_width;
+        for (long i = 0; i < kv_width; i++) {
+            k_slot[i] = key[i];
+            v_slot[i] = value[i];
+        }
+    }
+}
+
+/* act = silu(gate) * up, where each row of gate_up is [gate | up]; n a multiple of 8.
+ * sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0, else e / (1 + e). */
+static void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+#pragma omp parallel for if (rows >= 8)
+    for (long r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * n, *up = gate + n;
+        for (long i = 0; i < n; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 e = exp_negative(_mm256_or_ps(g, sign));
+            __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
+            __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);
+            _mm256_storeu_ps(act + r * n + i,
+                             _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+        }
+    }
+}
+
+#define DECODE_LAYER(SUFFIX, WT)                                                               \
+    int decode_layer_##SUFFIX(float *hidden, const float *input_norm, const WT *qkv,           \
+                              const float *qkv_bias, const WT *o_proj,                         \
+                              const float *post_norm, const WT *gate_up, const WT *down,       \
+                              const Step *s) {                                                 \
+        const long rows = s->rows, q_width = s->heads * s->dim;                                \
+        const long qkv_width = q_width + 2 * s->kv_heads * s->dim;                             \
+        float *projected = s->scratch, *queries = projected + rows * qkv_width;                \
+        float *attn = queries + rows * q_width, *x = attn + rows * q_width;                    \
+        float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;              \
+        rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);                              \
+        linear_##SUFFIX(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden);        \
+        rotate_and_cache(s, projected);                                                        \
+        for (long r = 0; r < rows; r++)                                                        \
+            for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i]; \
+        if (paged_decode_attention_f32(queries, s->k_cache, s->v_cache, s->block_tables,       \
+                                       s->width, s->seq_lens, attn, rows, s->heads,            \
+                                       s->kv_heads, s->dim, s->block_size, s->scale))          \
+            return -1;                                                                         \
+        linear_##SUFFIX(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width);         \
+        rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);                               \
+        linear_##SUFFIX(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden);     \
+        silu_and_multiply(gu, act, rows, s->intermediate);                                     \
+        linear_##SUFFIX(act, down, hidden, NULL, hidden, rows, s->hidden, s->intermediate);    \
+        return 0;                                                                              \
+    }
+
+DECODE_LAYER(f32, float)
+DECODE_LAYER(bf16, uint16_t)

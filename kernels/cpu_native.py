@@ -70,12 +70,17 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def build(compiler: str = "cc") -> Path:
-    """Compile the sources into a shared library in the cache, unless it is already there."""
+def library_path() -> Path:
+    """Where the build of these sources with these flags is cached."""
     digest = hashlib.sha256(" ".join(FLAGS).encode())
     for source in sorted(NATIVE.glob("*.[ch]")):
         digest.update(source.read_bytes())
-    target = cache_dir() / "native" / f"turnstile-{digest.hexdigest()[:16]}.so"
+    return cache_dir() / "native" / f"turnstile-{digest.hexdigest()[:16]}.so"
+
+
+def build(compiler: str = "cc") -> Path:
+    """Compile the sources into a shared library in the cache, unless it is already there."""
+    target = library_path()
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
@@ -88,8 +93,12 @@ def build(compiler: str = "cc") -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    if not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
-        log.warning("native CPU kernels unavailable (need AVX2, FMA and a C compiler)")
+    """The kernels, built if need be; None where they cannot run or be built here."""
+    if not {"avx2", "fma"} <= cpu_flags():
+        log.warning("native CPU kernels unavailable: this CPU lacks AVX2 or FMA")
+        return None
+    if not library_path().exists() and shutil.which("cc") is None:
+        log.warning("native CPU kernels unavailable: no C compiler (cc) to build them")
         return None
     try:
         path = build()

@@ -130,3 +130,21 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(dtype: str)
         outputs[backend] = [result.token_ids for result in engine.generate(requests)]
     assert outputs["native"] == outputs["torch"]
     assert all(len(tokens) == 12 for tokens in outputs["native"])
+
+
+def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))  # nothing built here yet
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(cpu_native.shutil, "which", lambda _: None)
+            cpu_native.library.cache_clear()
+            assert cpu_native.library() is None
+        assert "no C compiler" in caplog.text
+        monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-fno-such-flag"])
+        cpu_native.library.cache_clear()
+        assert cpu_native.library() is None
+        assert "failed to build" in caplog.text and "no-such-flag" in caplog.text
+    finally:
+        cpu_native.library.cache_clear()  # the next caller gets the real build again

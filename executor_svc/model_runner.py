@@ -67,7 +67,10 @@ class ModelRunner:
         self.applier = PlanApplier(config.max_num_seqs, self.max_model_len, config.block_size)
         self.sampler = Sampler()
         self.kernels = attention_backend(
-            config.attention_backend, self.device.type, self.model.activation_dtype
+            config.attention_backend,
+            self.device.type,
+            self.model.activation_dtype,
+            self.info.head_dim,
         )
         self.load_seconds = time.perf_counter() - started
         log.info("model ready in %.1f s, %d KV blocks", self.load_seconds, self.num_blocks)

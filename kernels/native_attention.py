@@ -40,8 +40,11 @@ def paged_decode_attention(
     query = query.contiguous()
     rows, heads, dim = query.shape
     kv_heads = k_cache.shape[2]
-    if dim % 8 or heads % kv_heads:
-        raise ValueError(f"native decode attention needs head_dim % 8 == 0, got {dim}")
+    if dim % 8 or heads % kv_heads or k_cache.dtype != torch.float32:
+        raise ValueError(
+            "native decode attention needs a float32 cache and head_dim % 8 == 0, got "
+            f"{k_cache.dtype} and {dim}"
+        )
     out = torch.empty_like(query)
     status = lib.paged_decode_attention_f32(
         query.data_ptr(),

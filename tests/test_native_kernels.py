@@ -76,6 +76,13 @@ def test_softmax_is_stable_for_large_scores() -> None:
 def test_backend_choice_follows_the_cache_dtype() -> None:
     assert attention_backend("auto", "cpu", torch.float32) is native_attention
     assert attention_backend("auto", "cpu", torch.bfloat16) is reference
+    assert attention_backend("auto", "cpu", torch.float32, head_dim=36) is reference
+    k_cache, v_cache, tables, lens = paged_setup([5], 16, torch.bfloat16)
+    plan = native_attention.plan_decode(tables, lens, 16)
+    with pytest.raises(ValueError, match="float32 cache"):
+        native_attention.paged_decode_attention(
+            torch.randn(1, HEADS, DIM), k_cache, v_cache, plan, 1.0
+        )
     with pytest.raises(ValueError, match="unknown attention backend"):
         attention_backend("fast", "cpu", torch.float32)
 

@@ -109,7 +109,8 @@ class LlamaModel:
         # cos + i sin per position and frequency, complex64 whatever the model's dtype.
         self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
         self.scale = info.head_dim**-0.5
-        self.native_decode = NativeDecode(info, self.layers, self.rotations) if native else None
+        fused = native and NativeDecode.supports(info)
+        self.native_decode = NativeDecode(info, self.layers, self.rotations) if fused else None
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)

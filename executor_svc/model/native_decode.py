@@ -6,6 +6,7 @@ path in llama.py; both read and write the same KV cache."""
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +14,9 @@ from executor_svc.model.linear import Linear
 from kernels import cpu_native
 from kernels.native_attention import DecodePlan
 from shared.model_info import ModelInfo
+
+if TYPE_CHECKING:  # llama.py imports this module
+    from executor_svc.model.llama import LayerWeights
 
 PROFILE_LABEL = "native::decode_layers"  # what `turnstile bench step` finds them by
 
@@ -22,8 +26,15 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 
 
 class NativeDecode:
-    def __init__(self, info: ModelInfo, layers: list, rotations: torch.Tensor) -> None:
-        """`layers` are llama.py's LayerWeights, every projection native-packed in one dtype."""
+    @staticmethod
+    def supports(info: ModelInfo) -> bool:
+        """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP."""
+        return info.head_dim % 8 == 0 and info.intermediate_size % 8 == 0
+
+    def __init__(
+        self, info: ModelInfo, layers: list[LayerWeights], rotations: torch.Tensor
+    ) -> None:
+        """Every projection of `layers` native-packed, all in one dtype."""
         lib = cpu_native.library()
         assert lib is not None
         self._lib = lib

@@ -7,7 +7,6 @@ import ctypes
 import torch
 
 from kernels import cpu_native
-from kernels.cpu_native import cpu_flags
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -27,13 +26,13 @@ def keep_freed_memory() -> None:
 def native_bf16_matmul(device: torch.device) -> bool:
     """Whether torch multiplies bf16 in hardware here (CUDA, AVX512-BF16, AMX): on an AVX2-only
     CPU its bf16 matmul runs at 1-16 GFLOP/s against 70-90 in fp32."""
-    return device.type == "cuda" or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return device.type == "cuda" or bool(cpu_native.cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def best_dtype(device: torch.device) -> str:
     """bfloat16 where the hardware multiplies it natively, or on a CPU where the native kernels
     stream bf16 weights and widen them to fp32 arithmetic (half the bytes a token reads, fp32
     activations and KV cache); float32 elsewhere."""
-    if native_bf16_matmul(device) or (device.type == "cpu" and cpu_native.library() is not None):
+    if native_bf16_matmul(device) or cpu_native.multiplies(device, torch.bfloat16):
         return "bfloat16"
     return "float32"

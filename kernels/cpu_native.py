@@ -112,6 +112,12 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def multiplies(device: torch.device, weight_dtype: torch.dtype) -> bool:
+    """Whether `linear` takes weights of this dtype on this device here."""
+    native_dtype = weight_dtype in (torch.float32, torch.bfloat16)
+    return device.type == "cpu" and native_dtype and library() is not None
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] (float32 or bfloat16) into panels of 16 output features, each [in][16],
     zero-padded to whole panels: the layout `linear` streams."""

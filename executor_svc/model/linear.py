@@ -26,8 +26,7 @@ class Linear:
         self.packed: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
         self.bias = bias
-        native = weight.dtype in (torch.float32, torch.bfloat16)
-        if weight.device.type == "cpu" and native and cpu_native.library() is not None:
+        if cpu_native.multiplies(weight.device, weight.dtype):
             self.packed = cpu_native.pack_weight(weight)
             self.weight = None  # the panels are all a CPU forward needs
             self.bias = None if bias is None else bias.float()

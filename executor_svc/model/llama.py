@@ -68,8 +68,7 @@ class LlamaModel:
         self.dtype = dtype
         # The native CPU kernels multiply bf16 weights in fp32 arithmetic, so with them the
         # activations and KV cache stay fp32: bf16 halves the weight bytes, not the precision.
-        native = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-        native = native and cpu_native.library() is not None
+        native = cpu_native.multiplies(device, dtype)
         self.activation_dtype = torch.float32 if native else dtype
 
         def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:

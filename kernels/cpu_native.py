@@ -120,12 +120,20 @@ def multiplies(device: torch.device, weight_dtype: torch.dtype) -> bool:
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] (float32 or bfloat16) into panels of 16 output features, each [in][16],
-    zero-padded to whole panels: the layout `linear` streams."""
+    zero-padded to whole panels: the layout `linear` streams. A bfloat16 panel's 16 values of
+    an input are stored as 8 pairs (i, i + 8), one pair per 32-bit lane, which gemm.c widens
+    into two vectors of fp32 with a shift and a mask."""
     out_features, in_features = weight.shape
     panels = -(-out_features // PANEL)
     padded = weight.new_zeros(panels * PANEL, in_features)
     padded[:out_features] = weight
-    return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
+    packed = padded.view(panels, PANEL, in_features).transpose(1, 2)
+    if weight.dtype == torch.bfloat16:
+        packed = packed[..., _BF16_PAIRS]
+    return packed.contiguous()
+
+
+_BF16_PAIRS = torch.arange(PANEL).view(2, -1).t().reshape(-1)  # 0, 8, 1, 9, ..., 7, 15
 
 
 def linear(

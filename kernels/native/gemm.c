@@ -8,16 +8,25 @@
  * larger products run near the FMA units' rate. bf16 weights are widened to fp32 in registers:
  * half the bytes to stream, fp32 arithmetic. */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PANEL 16
 
-static inline __m256 load_f32(const float *w) { return _mm256_loadu_ps(w); }
+static inline void load_f32(const float *w, __m256 *lo, __m256 *hi) {
+    *lo = _mm256_loadu_ps(w);
+    *hi = _mm256_loadu_ps(w + 8);
+}
 
-static inline __m256 load_bf16(const uint16_t *w) {
-    __m128i halves = _mm_loadu_si128((const __m128i *)w);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+/* 16 bf16 stored as pairs (i, i + 8) in 32-bit lanes: shifting the low half up gives outputs
+ * 0-7 as fp32, masking off the low half gives 8-15. Two cheap ops on ports the FMAs leave
+ * free, where widening 8 at a time (vpmovzxwd, then a shift) competes with them. */
+static inline void load_bf16(const uint16_t *w, __m256 *lo, __m256 *hi) {
+    __m256i pairs = _mm256_loadu_si256((const __m256i *)w);
+    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+    *hi = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
 typedef struct {
@@ -46,18 +55,20 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
     }
 }
 
-/* ROWS rows of x against one panel: 2 * ROWS accumulators, the weight loaded once per k. */
-#define TILE(NAME, WT, LOAD, ROWS)                                                             \
+/* ROWS rows of x against one panel: 2 * ROWS accumulators, the weight loaded once per k. Row
+ * j's k-th input is x[j * ROW_STEP + k * K_STEP]: rows of x as they are, or a packed tile. */
+#define TILE(NAME, WT, LOAD, ROWS, ROW_STEP, K_STEP)                                           \
     static inline __attribute__((always_inline)) void NAME(const Product *p, const WT *panel, \
-                                                           long first, long row) {            \
+                                                           const float *x, long first,        \
+                                                           long row) {                        \
         __m256 lo[ROWS], hi[ROWS];                                                             \
         for (int j = 0; j < ROWS; j++) lo[j] = hi[j] = _mm256_setzero_ps();                    \
         const long K = p->K;                                                                   \
-        const float *x = p->x + row * K;                                                       \
-        for (long k = 0; k < K; k++) {                                                         \
-            __m256 w_lo = LOAD(panel + k * PANEL), w_hi = LOAD(panel + k * PANEL + 8);         \
+        _Pragma("GCC unroll 4") for (long k = 0; k < K; k++) {                                 \
+            __m256 w_lo, w_hi;                                                                 \
+            LOAD(panel + k * PANEL, &w_lo, &w_hi);                                             \
             for (int j = 0; j < ROWS; j++) {                                                   \
-                __m256 xk = _mm256_broadcast_ss(x + j * K + k);                                \
+                __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));            \
                 lo[j] = _mm256_fmadd_ps(w_lo, xk, lo[j]);                                      \
                 hi[j] = _mm256_fmadd_ps(w_hi, xk, hi[j]);                                      \
             }                                                                                  \
@@ -70,29 +81,61 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
         store_tile(p, row, ROWS, first, out[0]);                                               \
     }
 
+/* Six rows of x at a time, each tile copied to [K][6]: the six inputs of a k side by side in one
+ * stream instead of six rows apart, which alone makes the large products ~20% faster. */
+#define TILE_ROWS 6
+
+static void pack_tiles(const Product *p, float *tiles, long count) {
+    const long K = p->K;
+#pragma omp for schedule(static)
+    for (long t = 0; t < count; t++) {
+        const float *x = p->x + t * TILE_ROWS * K;
+        float *tile = tiles + t * TILE_ROWS * K;
+        for (long k = 0; k < K; k++)
+            for (int j = 0; j < TILE_ROWS; j++) tile[k * TILE_ROWS + j] = x[j * K + k];
+    }
+}
+
 #define PRODUCT(SUFFIX, WT, LOAD)                                                              \
-    TILE(tile1_##SUFFIX, WT, LOAD, 1)                                                          \
-    TILE(tile2_##SUFFIX, WT, LOAD, 2)                                                          \
-    TILE(tile3_##SUFFIX, WT, LOAD, 3)                                                          \
-    TILE(tile4_##SUFFIX, WT, LOAD, 4)                                                          \
-    TILE(tile5_##SUFFIX, WT, LOAD, 5)                                                          \
-    TILE(tile6_##SUFFIX, WT, LOAD, 6)                                                          \
+    TILE(tile1_##SUFFIX, WT, LOAD, 1, K, 1)                                                    \
+    TILE(tile2_##SUFFIX, WT, LOAD, 2, K, 1)                                                    \
+    TILE(tile3_##SUFFIX, WT, LOAD, 3, K, 1)                                                    \
+    TILE(tile4_##SUFFIX, WT, LOAD, 4, K, 1)                                                    \
+    TILE(tile5_##SUFFIX, WT, LOAD, 5, K, 1)                                                    \
+    TILE(tile6_##SUFFIX, WT, LOAD, 6, K, 1)                                                    \
+    TILE(packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS)                                          \
     void linear_##SUFFIX(const float *x, const WT *w, float *y, const float *bias,             \
                          const float *residual, long M, long N, long K) {                      \
         Product p = {x, y, bias, residual, M, N, K};                                           \
-        long panels = (N + PANEL - 1) / PANEL;                                                 \
-        _Pragma("omp parallel for schedule(static)") for (long t = 0; t < panels; t++) {       \
-            const WT *panel = w + t * PANEL * K;                                               \
-            long first = t * PANEL, row = 0;                                                   \
-            for (; M - row >= 6; row += 6) tile6_##SUFFIX(&p, panel, first, row);              \
-            switch (M - row) {                                                                 \
-            case 5: tile5_##SUFFIX(&p, panel, first, row); break;                              \
-            case 4: tile4_##SUFFIX(&p, panel, first, row); break;                              \
-            case 3: tile3_##SUFFIX(&p, panel, first, row); break;                              \
-            case 2: tile2_##SUFFIX(&p, panel, first, row); break;                              \
-            case 1: tile1_##SUFFIX(&p, panel, first, row); break;                              \
+        const long panels = (N + PANEL - 1) / PANEL, full = M / TILE_ROWS;                     \
+        /* Without the memory to pack into, the tiles are read where they are. */              \
+        float *tiles = full ? malloc(sizeof(float) * full * TILE_ROWS * K) : NULL;             \
+        _Pragma("omp parallel") {                                                              \
+            if (tiles) pack_tiles(&p, tiles, full);                                            \
+            /* Panels handed out one at a time, so a thread the OS preempts (another process  \
+             * of the server needing the CPU) holds up one panel, not a static share; but with \
+             * fewer rows than a tile the product streams its weights at memory speed, where   \
+             * one contiguous share per thread keeps each on one prefetched stream. */        \
+            const long threads = omp_get_num_threads();                                        \
+            const long chunk = full ? 1 : (panels + threads - 1) / threads;                    \
+            _Pragma("omp for schedule(dynamic, chunk)") for (long t = 0; t < panels; t++) {    \
+                const WT *panel = w + t * PANEL * K;                                           \
+                long first = t * PANEL, row = 0;                                               \
+                for (; M - row >= TILE_ROWS; row += TILE_ROWS) {                               \
+                    if (tiles) packed6_##SUFFIX(&p, panel, tiles + row * K, first, row);       \
+                    else tile6_##SUFFIX(&p, panel, x + row * K, first, row);                   \
+                }                                                                              \
+                const float *rest = x + row * K;                                               \
+                switch (M - row) {                                                             \
+                case 5: tile5_##SUFFIX(&p, panel, rest, first, row); break;                    \
+                case 4: tile4_##SUFFIX(&p, panel, rest, first, row); break;                    \
+                case 3: tile3_##SUFFIX(&p, panel, rest, first, row); break;                    \
+                case 2: tile2_##SUFFIX(&p, panel, rest, first, row); break;                    \
+                case 1: tile1_##SUFFIX(&p, panel, rest, first, row); break;                    \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
+        free(tiles);                                                                           \
     }
 
 PRODUCT(f32, float, load_f32)

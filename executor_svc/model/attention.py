@@ -59,6 +59,21 @@ class AttentionBatch:
             kernels=kernels,
         )
 
+    def prefill_only(self) -> AttentionBatch:
+        """The prefill rows alone, their tokens numbered from 0 in `prefill_tokens` order:
+        for a step whose decode rows run elsewhere."""
+        return AttentionBatch(
+            slot_mapping=self.slot_mapping[self.prefill_tokens],
+            decode_tokens=self.decode_tokens[:0],
+            decode_plan=self.decode_plan,
+            prefill_tokens=torch.arange(len(self.prefill_tokens)),
+            prefill_block_tables=self.prefill_block_tables,
+            prefill_seq_lens=self.prefill_seq_lens,
+            prefill_query_start=self.prefill_query_start,
+            all_decode=False,
+            kernels=self.kernels,
+        )
+
     def attend(
         self,
         q: torch.Tensor,

@@ -1,7 +1,7 @@
-"""Steps where every row decodes one token, one native call a layer
-(`kernels/native/decode_layer.c`) instead of some twenty torch calls: with one or a few rows,
-Python and dispatch cost more than the arithmetic. Prefill and mixed steps take the torch
-path in llama.py; both read and write the same KV cache."""
+"""Rows that decode one token, one native call a layer (`kernels/native/decode_layer.c`)
+instead of some twenty torch calls: with one or a few rows, Python and dispatch cost more than
+the arithmetic. Prefill rows take the torch path in llama.py, in a step of their own or beside
+decode rows; both read and write the same KV cache."""
 
 from __future__ import annotations
 

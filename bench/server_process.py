@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,18 +13,40 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from turnstile.launcher import healthy
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """`count` consecutive free loopback ports, from below the kernel's ephemeral range: a port
+    that bind(0) picked can be taken again by any outgoing connection before the server binds it
+    (a CI run lost the executor's metrics port, the one after the scheduler's, that way)."""
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, low - count)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+        return list(range(base, base + count))
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
 @dataclass(slots=True)
@@ -51,6 +74,7 @@ class Server:
 def launched_server(
     *extra: str, ready_timeout: float = 180, quiet: bool = True, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
+    # metrics is the scheduler's port; the executor serves on the next one, reserved here too.
     http, requests, outputs, executors, metrics, _ = free_ports(6)
     command = [
         sys.executable, "-m", "turnstile.cli", "serve",

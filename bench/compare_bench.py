@@ -12,6 +12,7 @@ stronger baseline, and both are reported.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 
@@ -21,16 +22,30 @@ from scheduler_svc.service import STATUS_INTERVAL
 from shared.model_info import embedded_model_path, served_name
 
 
+def _batches(jobs: list[Job], batch: int) -> list[list[Job]]:
+    return [jobs[i : i + batch] for i in range(0, len(jobs), batch)]
+
+
+def static_schedule_steps(jobs: list[Job], batch: int) -> int:
+    """Steps of the static schedule the ideal ratio prices: each batch of consecutive jobs
+    lasts as long as its longest request (its prefill step samples the first token)."""
+    return sum(max(job.output_len for job in group) for group in _batches(jobs, batch))
+
+
 def ideal_ratio(jobs: list[Job], batch: int) -> float:
     useful = sum(job.output_len for job in jobs)
     padded = sum(
-        len(jobs[i : i + batch]) * max(job.output_len for job in jobs[i : i + batch])
-        for i in range(0, len(jobs), batch)
+        len(group) * max(job.output_len for job in group) for group in _batches(jobs, batch)
     )
     return padded / useful
 
 
 MODES = ("continuous", "padded", "compact")
+# Requests go out evenly spaced in job order, so that they reach the scheduler in that order and
+# each static batch is consecutive jobs, as `ideal_ratio` assumes. Sent all at once, their
+# order was the network's: one run's first batch took job 41 for job 15 and ran 55 steps
+# longer than the ideal's schedule.
+ARRIVAL_RATE = 100.0
 _STEPS = "turnstile:executor_step_seconds_count"
 _STEP_SECONDS = "turnstile:executor_step_seconds_sum"
 _TOKENS = "turnstile:generation_tokens_total"
@@ -52,10 +67,10 @@ def _serve(
     server: Server, model: str, jobs: list[Job], seed: int
 ) -> tuple[dict[str, object], list[Outcome]]:
     before = server.scrape()
-    # All requests at once, in job order: a static server forms its batches from consecutive
-    # jobs, as `ideal_ratio` assumes.
     outcomes: list[Outcome]
-    outcomes, duration = asyncio.run(run_load(server.url, model, jobs, float("inf"), None, seed))
+    outcomes, duration = asyncio.run(
+        run_load(server.url, model, jobs, ARRIVAL_RATE, None, seed, burstiness=math.inf)
+    )
     summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
     time.sleep(2.5 * STATUS_INTERVAL)  # the scheduler refreshes its token counters this often
     summary.update(step_stats(before, server.scrape()))
@@ -93,6 +108,7 @@ def compare(
             measured[f"over_{static}_fraction_of_ideal"] = ratio / ideal
         per_round.append(measured)
     results["ideal_ratio"] = ideal
+    results["ideal_schedule_steps"] = static_schedule_steps(jobs, batch)
     results["rounds"] = per_round
     results["median"] = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
     return results

@@ -4,7 +4,9 @@ measure what users feel: TTFT, TPOT, ITL, end-to-end latency, throughput, goodpu
 Datasets (all seeded): `random` (token ids, lengths fixed or within +-range-ratio), `longtail`
 (output lengths lognormal around --output-len with sigma 1, clipped to 8..1024),
 `shared-prefix` (--num-prefixes long prefixes of --prefix-len tokens, each prompt one of them plus
---input-len tokens of its own). Arrivals: Poisson at --rate, or --concurrency clients in a loop.
+--input-len tokens of its own). Arrivals: at --rate with gamma-distributed gaps of shape
+--burstiness (1: Poisson; below 1 burstier; inf: evenly spaced, as vLLM's bench), or --concurrency
+clients in a loop.
 """
 
 from __future__ import annotations
@@ -102,9 +104,17 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, job: Job) -
     return outcome
 
 
+def arrival_gap(rng: np.random.Generator, rate: float, burstiness: float) -> float:
+    """Seconds to the next request: gamma-distributed with mean 1 / rate and shape
+    `burstiness`, so 1 is a Poisson process and infinity an even spacing."""
+    if math.isinf(burstiness):
+        return 1 / rate
+    return float(rng.gamma(burstiness, 1 / (rate * burstiness)))
+
+
 async def run_load(
     url: str, model: str, jobs: list[Job], rate: float, concurrency: int | None, seed: int,
-    progress: bool = True,
+    progress: bool = True, burstiness: float = 1.0,
 ) -> tuple[list[Outcome], float]:  # fmt: skip
     """Outcomes in job order and the wall time of the whole run."""
     from tqdm import tqdm
@@ -127,7 +137,7 @@ async def run_load(
         for job in jobs:
             tasks.append(asyncio.create_task(guarded(job)))
             if math.isfinite(rate):
-                await asyncio.sleep(rng.exponential(1 / rate))
+                await asyncio.sleep(arrival_gap(rng, rate, burstiness))
         outcomes = await asyncio.gather(*tasks)
     bar.close()
     return list(outcomes), time.perf_counter() - started

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from bench.compare_bench import ideal_ratio
-from bench.serve_bench import Job, Outcome, make_jobs, summarize
+from bench.serve_bench import Job, Outcome, arrival_gap, make_jobs, summarize
 
 
 def test_datasets_are_seeded_and_shaped_as_documented() -> None:
@@ -16,6 +16,23 @@ def test_datasets_are_seeded_and_shaped_as_documented() -> None:
     assert {len(j.prompt) for j in ranged} <= set(range(50, 151)) and len(
         {j.output_len for j in ranged}
     ) > 10
+
+
+def test_arrival_gaps_keep_the_rate_and_spread_with_burstiness() -> None:
+    import math
+
+    import numpy as np
+
+    def gaps(burstiness: float) -> np.ndarray:
+        rng = np.random.default_rng(0)
+        return np.array([arrival_gap(rng, 4.0, burstiness) for _ in range(20000)])
+
+    assert set(gaps(math.inf)) == {0.25}
+    poisson, bursty, smooth = gaps(1.0), gaps(0.25), gaps(8.0)
+    for sample in (poisson, bursty, smooth):
+        assert abs(sample.mean() - 0.25) < 0.02
+    # Coefficient of variation 1 / sqrt(shape): 1 for Poisson, 2 bursty, 0.35 smooth.
+    assert smooth.std() < 0.5 * poisson.std() < 0.5 * bursty.std()
 
 
 def test_ideal_ratio_is_padded_over_useful_tokens() -> None:
@@ -55,7 +72,8 @@ def test_serve_vs_hf_puts_both_on_the_same_prompts_in_one_run() -> None:
 def test_compare_counts_steps_from_the_servers_own_counters() -> None:
     """A tiny compare: each mode's step count times its useful tokens per step is the tokens
     the client received, and padded static batching spends at least its batches' longest
-    requests in steps, more than continuous batching needs."""
+    requests in steps (exactly the ideal's schedule, since requests arrive in job order), more
+    than continuous batching needs."""
     from bench.compare_bench import MODES, compare
 
     jobs = make_jobs("longtail", 6, 8, 6, seed=1)
@@ -68,5 +86,7 @@ def test_compare_counts_steps_from_the_servers_own_counters() -> None:
         received = summary["steps"] * summary["useful_tokens_per_step"]  # type: ignore[index]
         assert round(received) == summary["output_tokens"]  # type: ignore[index]
     longest_per_batch = sum(max(j.output_len for j in jobs[i : i + 2]) for i in range(0, 6, 2))
-    assert results["padded"]["steps"] >= longest_per_batch  # type: ignore[index]
+    assert results["ideal_schedule_steps"] == longest_per_batch
+    for static in MODES[1:]:
+        assert results[static]["steps"] == longest_per_batch  # type: ignore[index]
     assert results["continuous"]["steps"] < results["padded"]["steps"]  # type: ignore[index]

@@ -61,7 +61,15 @@ def serve(args: argparse.Namespace) -> None:
         args.prefix_len,
     )
     outcomes, duration = asyncio.run(
-        serve_bench.run_load(args.url, args.model, jobs, args.rate, args.concurrency, args.seed)
+        serve_bench.run_load(
+            args.url,
+            args.model,
+            jobs,
+            args.rate,
+            args.concurrency,
+            args.seed,
+            burstiness=args.burstiness,
+        )
     )
     summary = serve_bench.summarize(outcomes, duration, args.slo_ttft, args.slo_tpot)
     print(json.dumps(summary, indent=2))

@@ -189,7 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate",
         type=float,
         default=float("inf"),
-        help="Poisson arrivals per second (default: all at once)",
+        help="arrivals per second (default: all at once)",
+    )
+    serve_load.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="shape of the gamma-distributed gaps: 1 Poisson, <1 burstier, inf evenly spaced",
     )
     serve_load.add_argument("--concurrency", type=int, default=None)
     serve_load.add_argument("--seed", type=int, default=0)

@@ -102,10 +102,12 @@ class ModelRunner:
         batch = AttentionBatch.build(
             self.kernels,
             tensor(inputs.query_start_loc),
+            tensor(inputs.positions),
             tensor(inputs.seq_lens),
             tensor(inputs.block_tables),
             tensor(inputs.slot_mapping),
             self.config.block_size,
+            tokens_as_rows=self.model.fuses(self.kernels),
         )
         hidden = self.model.forward(
             tensor(inputs.input_ids), tensor(inputs.positions), batch, self.kv_caches

@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 from test_kernels import DIM, HEADS, paged_setup
 
+from executor_svc.model import attention
+from executor_svc.model.attention import SHORT_PREFILL_TOKENS
 from executor_svc.model.linear import Linear
+from executor_svc.model.llama import LlamaModel
 from kernels import attention_backend, cpu_native, native_attention, reference
 
 
@@ -110,26 +113,35 @@ def test_a_build_is_cached_by_source_digest(
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_decode_layers_generate_what_the_torch_layers_generate(dtype: str) -> None:
-    """The embedded model decoding through decode_layer.c (one call a layer) against the same
-    weights through the torch layer code; prefill takes the torch layers in both."""
+@pytest.mark.parametrize("short_prefill_tokens", [SHORT_PREFILL_TOKENS, 0])
+def test_fused_decode_layers_generate_what_the_torch_layers_generate(
+    dtype: str, short_prefill_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded model through decode_layer.c (one call a layer) against the same weights
+    through the torch layer code. A 16-token budget chunks the 40-token prompt while the others
+    decode, so steps mix prefill and decode rows; with short prefills allowed, every token of
+    them is a row of the fused layers, else the prefill rows take the torch layers beside."""
     from executor_svc.model_runner import RunnerConfig
     from shared.model_info import embedded_model_path
     from shared.protocol import AddRequest, pack_ids
     from turnstile.offline import OfflineEngine
 
+    monkeypatch.setattr(attention, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
     prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1040)), [1, 2, 3]]
     outputs = {}
+    routes: dict[str, set[str]] = {}
     for backend in ("native", "torch"):
         engine = OfflineEngine(
             RunnerConfig(
                 embedded_model_path(), dtype=dtype, num_blocks=32, max_num_seqs=4,
                 attention_backend=backend,
             ),
-            max_num_batched_tokens=64,
+            max_num_batched_tokens=16,
         )  # fmt: skip
-        fused = engine.runner.model.native_decode
-        assert fused is not None
+        model = engine.runner.model
+        assert model.native_decode is not None
+        routes[backend] = set()
+        _record_routes(monkeypatch, model, routes[backend])
         requests = [
             AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=12, ignore_eos=True)
             for i, p in enumerate(prompts)
@@ -137,6 +149,35 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(dtype: str)
         outputs[backend] = [result.token_ids for result in engine.generate(requests)]
     assert outputs["native"] == outputs["torch"]
     assert all(len(tokens) == 12 for tokens in outputs["native"])
+    assert routes["torch"] == {"torch"}
+    expected = {"fused"} if short_prefill_tokens else {"torch", "fused beside torch", "fused"}
+    assert routes["native"] == expected
+
+
+def _record_routes(monkeypatch: pytest.MonkeyPatch, model: LlamaModel, seen: set[str]) -> None:
+    """Which layers each step ran through: fused only, torch only, or both."""
+    fused, torch_layers = model.native_decode, model._torch_layers
+    calls: list[str] = []
+
+    def counting_fused(*args: object) -> torch.Tensor:
+        calls.append("fused")
+        return fused(*args)  # type: ignore[misc]
+
+    def counting_torch(*args: object) -> torch.Tensor:
+        calls.append("torch")
+        return torch_layers(*args)  # type: ignore[arg-type]
+
+    forward = model.forward
+
+    def recording_forward(*args: object) -> torch.Tensor:
+        calls.clear()
+        hidden = forward(*args)  # type: ignore[arg-type]
+        seen.add(" beside ".join(sorted(set(calls))))
+        return hidden
+
+    monkeypatch.setattr(model, "native_decode", counting_fused)
+    monkeypatch.setattr(model, "_torch_layers", counting_torch)
+    monkeypatch.setattr(model, "forward", recording_forward)
 
 
 def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(

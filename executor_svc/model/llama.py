@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,10 @@ class LlamaModel:
         fused = native and NativeDecode.supports(info)
         self.native_decode = NativeDecode(info, self.layers, self.rotations) if fused else None
 
+    def fuses(self, kernels: ModuleType) -> bool:
+        """Whether steps attended by `kernels` run through the fused native layers."""
+        return self.native_decode is not None and kernels is native_attention
+
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
 
@@ -132,18 +137,16 @@ class LlamaModel:
         """Hidden states after the final norm, one row per input token."""
         hidden = F.embedding(input_ids, self.embed).to(self.activation_dtype)
         decodes, prefills = batch.decode_tokens, batch.prefill_tokens
-        fused = self.native_decode is not None and batch.kernels is native_attention
-        if not fused or not len(decodes):
+        fused = self.fuses(batch.kernels)
+        plan = batch.decode_plan if batch.all_decode else batch.token_plan
+        if fused and plan is not None:
+            hidden = self.native_decode(hidden, positions, plan, batch.slot_mapping, kv_caches)
+        elif not fused or not len(decodes):
             hidden = self._torch_layers(hidden, positions, batch, kv_caches)
-        elif batch.all_decode:
-            hidden = self.native_decode(
-                hidden, positions, batch.decode_plan, batch.slot_mapping, kv_caches
-            )
         else:
-            # Decode rows through the fused layers even beside a prefill (ad hoc, a 16-row step
-            # with one 32-token prompt: 121 against 132 ms all through the torch layers). The
-            # halves touch different sequences' KV (shared prefix blocks are full and only
-            # read), so their order does not matter.
+            # Long prefill chunks through the torch layers, the decode rows beside them through
+            # the fused ones. The halves touch different sequences' KV (shared prefix blocks
+            # are full and only read), so their order does not matter.
             hidden[prefills] = self._torch_layers(
                 hidden[prefills], positions[prefills], batch.prefill_only(), kv_caches
             )

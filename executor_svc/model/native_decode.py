@@ -1,7 +1,8 @@
-"""Rows that decode one token, one native call a layer (`kernels/native/decode_layer.c`)
+"""Rows that each attend one token, one native call a layer (`kernels/native/decode_layer.c`)
 instead of some twenty torch calls: with one or a few rows, Python and dispatch cost more than
-the arithmetic. Prefill rows take the torch path in llama.py, in a step of their own or beside
-decode rows; both read and write the same KV cache."""
+the arithmetic. A row is a decode, or a token of a short prefill chunk attending its sequence
+up to itself (`AttentionBatch.token_plan`); long chunks take the torch path in llama.py, alone
+or beside decode rows. Both paths read and write the same KV cache."""
 
 from __future__ import annotations
 

@@ -55,9 +55,18 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
     }
 }
 
+/* How far ahead of the loads a tile that streams its panel from memory prefetches it, in steps
+ * of k: 2 KB of a bf16 panel, 4 KB of a float32 one (past the panel's end, into the next panel,
+ * which the same thread usually takes). The hardware prefetcher alone ramps up anew at every
+ * matrix and every share of one. Ad hoc, over the model's 120 layer matrices with cold caches
+ * (median of 9, four runs): 1 row 0-16% faster, 2-4 rows 14-26%, 16 rows 5-9%, 47 rows and
+ * more unchanged. */
+#define PREFETCH_AHEAD 64
+
 /* ROWS rows of x against one panel: 2 * ROWS accumulators, the weight loaded once per k. Row
- * j's k-th input is x[j * ROW_STEP + k * K_STEP]: rows of x as they are, or a packed tile. */
-#define TILE(NAME, WT, LOAD, ROWS, ROW_STEP, K_STEP)                                           \
+ * j's k-th input is x[j * ROW_STEP + k * K_STEP]: rows of x as they are, or a packed tile.
+ * PREFETCH: whether this tile is the first over its panel, so reads it from memory. */
+#define TILE(NAME, WT, LOAD, ROWS, ROW_STEP, K_STEP, PREFETCH)                                 \
     static inline __attribute__((always_inline)) void NAME(const Product *p, const WT *panel, \
                                                            const float *x, long first,        \
                                                            long row) {                        \
@@ -66,6 +75,8 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
         const long K = p->K;                                                                   \
         _Pragma("GCC unroll 4") for (long k = 0; k < K; k++) {                                 \
             __m256 w_lo, w_hi;                                                                 \
+            if (PREFETCH)                                                                      \
+                _mm_prefetch((const char *)(panel + (k + PREFETCH_AHEAD) * PANEL), _MM_HINT_T0); \
             LOAD(panel + k * PANEL, &w_lo, &w_hi);                                             \
             for (int j = 0; j < ROWS; j++) {                                                   \
                 __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));            \
@@ -97,13 +108,16 @@ static void pack_tiles(const Product *p, float *tiles, long count) {
 }
 
 #define PRODUCT(SUFFIX, WT, LOAD)                                                              \
-    TILE(tile1_##SUFFIX, WT, LOAD, 1, K, 1)                                                    \
-    TILE(tile2_##SUFFIX, WT, LOAD, 2, K, 1)                                                    \
-    TILE(tile3_##SUFFIX, WT, LOAD, 3, K, 1)                                                    \
-    TILE(tile4_##SUFFIX, WT, LOAD, 4, K, 1)                                                    \
-    TILE(tile5_##SUFFIX, WT, LOAD, 5, K, 1)                                                    \
-    TILE(tile6_##SUFFIX, WT, LOAD, 6, K, 1)                                                    \
-    TILE(packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS)                                          \
+    /* A remainder tile is the first over its panel when there are fewer rows than a tile; \
+     * after full tiles its prefetches hit L2, at the cost of one tile in many. */         \
+    TILE(tile1_##SUFFIX, WT, LOAD, 1, K, 1, 1)                                                 \
+    TILE(tile2_##SUFFIX, WT, LOAD, 2, K, 1, 1)                                                 \
+    TILE(tile3_##SUFFIX, WT, LOAD, 3, K, 1, 1)                                                 \
+    TILE(tile4_##SUFFIX, WT, LOAD, 4, K, 1, 1)                                                 \
+    TILE(tile5_##SUFFIX, WT, LOAD, 5, K, 1, 1)                                                 \
+    TILE(tile6_##SUFFIX, WT, LOAD, 6, K, 1, 1)                                                 \
+    TILE(first_packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS, 1)                                 \
+    TILE(packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS, 0)                                       \
     void linear_##SUFFIX(const float *x, const WT *w, float *y, const float *bias,             \
                          const float *residual, long M, long N, long K) {                      \
         Product p = {x, y, bias, residual, M, N, K};                                           \
@@ -122,7 +136,8 @@ static void pack_tiles(const Product *p, float *tiles, long count) {
                 const WT *panel = w + t * PANEL * K;                                           \
                 long first = t * PANEL, row = 0;                                               \
                 for (; M - row >= TILE_ROWS; row += TILE_ROWS) {                               \
-                    if (tiles) packed6_##SUFFIX(&p, panel, tiles + row * K, first, row);       \
+                    if (tiles && row == 0) first_packed6_##SUFFIX(&p, panel, tiles, first, 0); \
+                    else if (tiles) packed6_##SUFFIX(&p, panel, tiles + row * K, first, row);  \
                     else tile6_##SUFFIX(&p, panel, x + row * K, first, row);                   \
                 }                                                                              \
                 const float *rest = x + row * K;                                               \

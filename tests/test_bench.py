@@ -39,6 +39,8 @@ def test_ideal_ratio_is_padded_over_useful_tokens() -> None:
     jobs = [Job([1], n) for n in (1, 1, 1, 5)]
     assert ideal_ratio(jobs, 2) == (2 * 1 + 2 * 5) / 8
     assert ideal_ratio(jobs, 1) == 1.0
+    prompted = [Job([1] * p, n) for p, n in ((1, 1), (3, 1), (1, 1), (1, 5))]
+    assert ideal_ratio(prompted, 2, with_prompts=True) == (2 * (1 + 3) + 2 * (5 + 1)) / (8 + 6)
 
 
 def test_summary_percentiles_and_goodput() -> None:

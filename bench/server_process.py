@@ -18,19 +18,18 @@ from pathlib import Path
 from turnstile.launcher import healthy
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _lowest_ephemeral_port() -> int:
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_ports(count: int) -> list[int]:
     """`count` consecutive free loopback ports, from below the kernel's ephemeral range: a port
     that bind(0) picked can be taken again by any outgoing connection before the server binds it
     (a CI run lost the executor's metrics port, the one after the scheduler's, that way)."""
-    low, _ = _ephemeral_range()
+    low = _lowest_ephemeral_port()
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(10000, low - count)

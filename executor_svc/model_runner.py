@@ -99,19 +99,18 @@ class ModelRunner:
         def tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device)
 
+        positions = tensor(inputs.positions)
         batch = AttentionBatch.build(
             self.kernels,
             tensor(inputs.query_start_loc),
-            tensor(inputs.positions),
+            positions,
             tensor(inputs.seq_lens),
             tensor(inputs.block_tables),
             tensor(inputs.slot_mapping),
             self.config.block_size,
             tokens_as_rows=self.model.fuses(self.kernels),
         )
-        hidden = self.model.forward(
-            tensor(inputs.input_ids), tensor(inputs.positions), batch, self.kv_caches
-        )
+        hidden = self.model.forward(tensor(inputs.input_ids), positions, batch, self.kv_caches)
         logits = self.model.logits(hidden[tensor(inputs.logits_indices)])
         rows = inputs.sample_rows
         table = self.applier.batch

@@ -28,8 +28,8 @@ class AttentionBatch:
     slot_mapping: torch.Tensor
     decode_tokens: torch.Tensor
     decode_plan: object  # the backend's `plan_decode`, shared by every layer
-    # Every token as a row of its own, attending its sequence up to itself; only for a step
-    # with prefill tokens, and only when they are few (`SHORT_PREFILL_TOKENS`).
+    # Every token as a row of its own, attending its sequence up to itself: the decode plan
+    # when every row decodes; for prefill tokens only when they are few (`SHORT_PREFILL_TOKENS`).
     token_plan: object | None
     prefill_tokens: torch.Tensor
     prefill_block_tables: torch.Tensor
@@ -61,7 +61,10 @@ class AttentionBatch:
         starts = query_start_loc[prefill_rows]
         prefill_tokens = torch.repeat_interleave(starts - prefill_start[:-1], prefill_lens)
         prefill_tokens += torch.arange(int(prefill_start[-1]), dtype=torch.int64)
-        token_plan = None
+        decode_plan = kernels.plan_decode(
+            block_tables[decode_rows], seq_lens[decode_rows], block_size
+        )
+        token_plan = decode_plan if len(prefill_rows) == 0 else None
         if tokens_as_rows and 0 < len(prefill_tokens) <= SHORT_PREFILL_TOKENS:
             context = int(positions[prefill_tokens].sum()) + len(prefill_tokens)
             if context <= SHORT_PREFILL_CONTEXT:
@@ -73,9 +76,7 @@ class AttentionBatch:
         return cls(
             slot_mapping=slot_mapping,
             decode_tokens=query_start_loc[decode_rows],
-            decode_plan=kernels.plan_decode(
-                block_tables[decode_rows], seq_lens[decode_rows], block_size
-            ),
+            decode_plan=decode_plan,
             token_plan=token_plan,
             prefill_tokens=prefill_tokens,
             prefill_block_tables=block_tables[prefill_rows],

@@ -138,9 +138,10 @@ class LlamaModel:
         hidden = F.embedding(input_ids, self.embed).to(self.activation_dtype)
         decodes, prefills = batch.decode_tokens, batch.prefill_tokens
         fused = self.fuses(batch.kernels)
-        plan = batch.decode_plan if batch.all_decode else batch.token_plan
-        if fused and plan is not None:
-            hidden = self.native_decode(hidden, positions, plan, batch.slot_mapping, kv_caches)
+        if fused and batch.token_plan is not None:
+            hidden = self.native_decode(
+                hidden, positions, batch.token_plan, batch.slot_mapping, kv_caches
+            )
         elif not fused or not len(decodes):
             hidden = self._torch_layers(hidden, positions, batch, kv_caches)
         else:

@@ -11,7 +11,6 @@ stronger baseline, and both are reported.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import statistics
 import time
@@ -77,8 +76,8 @@ def _serve(
 ) -> tuple[dict[str, object], list[Outcome]]:
     before = server.scrape()
     outcomes: list[Outcome]
-    outcomes, duration = asyncio.run(
-        run_load(server.url, model, jobs, ARRIVAL_RATE, None, seed, burstiness=math.inf)
+    outcomes, duration = run_load(
+        server.url, model, jobs, ARRIVAL_RATE, None, seed, burstiness=math.inf
     )
     summary = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
     time.sleep(2.5 * STATUS_INTERVAL)  # the scheduler refreshes its token counters this often

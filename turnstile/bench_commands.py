@@ -45,7 +45,6 @@ def startup(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import asyncio
     import json
 
     from bench import serve_bench
@@ -60,16 +59,14 @@ def serve(args: argparse.Namespace) -> None:
         args.num_prefixes,
         args.prefix_len,
     )
-    outcomes, duration = asyncio.run(
-        serve_bench.run_load(
-            args.url,
-            args.model,
-            jobs,
-            args.rate,
-            args.concurrency,
-            args.seed,
-            burstiness=args.burstiness,
-        )
+    outcomes, duration = serve_bench.run_load(
+        args.url,
+        args.model,
+        jobs,
+        args.rate,
+        args.concurrency,
+        args.seed,
+        burstiness=args.burstiness,
     )
     summary = serve_bench.summarize(outcomes, duration, args.slo_ttft, args.slo_tpot)
     print(json.dumps(summary, indent=2))

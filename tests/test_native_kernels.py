@@ -65,6 +65,22 @@ def test_paged_decode_matches_reference(block_size: int) -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("seq_lens", [[700], [300, 1], [33, 129, 64]])
+@pytest.mark.parametrize("magnitude", [1, 300])
+def test_few_rows_split_their_context_and_merge_to_the_reference(
+    seq_lens: list[int], magnitude: float
+) -> None:
+    """With fewer rows than tasks the threads want, each row's context is scored in several
+    parts (a part of 33 tokens ends mid-block) whose softmaxes are merged; large scores test
+    the merge's rescaling."""
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.float32, seed=len(seq_lens))
+    query = torch.randn(len(seq_lens), HEADS, DIM) * magnitude
+    plans = [kernels.plan_decode(tables, lens, 16) for kernels in (reference, native_attention)]
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plans[0], DIM**-0.5)
+    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plans[1], DIM**-0.5)
+    torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
+
+
 def test_softmax_is_stable_for_large_scores() -> None:
     """Scores in the thousands would overflow a naive exp; the kernel subtracts the max."""
     k_cache, v_cache, tables, lens = paged_setup([33, 5], 16, torch.float32, seed=3)

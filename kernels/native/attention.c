@@ -2,18 +2,44 @@
  * against that row's cached K and V, read in place through its block table.
  *
  * The torch path gathers every row's blocks into a contiguous copy (per layer, K and V) before
- * one batched SDPA; here each (row, KV head) task reads its blocks where they are, scores the
- * group's query heads against each key once, and sums V weighted by the softmax. Cache layout
- * as in kernels/reference.py: [blocks][block_size][kv_heads][head_dim]. */
+ * one batched SDPA; here each task takes a run of one row's blocks and, block by block, scores
+ * all of the row's query heads against every key in it and sums V weighted by the softmax, so
+ * each block is read once, whole, while it is in the cache. When a step has few rows, a row's
+ * context is split into several such tasks (as flash-decoding does on a GPU) so that every
+ * thread has work; their partial softmaxes are then merged. Cache layout as in
+ * kernels/reference.py: [blocks][block_size][kv_heads][head_dim]. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "simd.h"
 
+/* A task is at least this many blocks of its row, and a step aims at this many tasks a
+ * thread: fewer leave a thread idle when the others finish, more merge for nothing. */
+#define MIN_BLOCKS_PER_TASK 4
+#define TASKS_PER_THREAD 4
 
-/* In place: s[0..len) becomes exp((s - max) * scale), padded with zeros to a multiple of 8;
- * returns the sum. */
-static float softmax_numerators(float *s, long len, float scale) {
+typedef struct {
+    const float *k_cache, *v_cache;
+    const long *block_tables, *seq_lens;
+    long width, heads, kv_heads, dim, block_size;
+    float scale;
+} Decode;
+
+/* Tokens [begin, end) of a row; begin is a multiple of the block size. */
+typedef struct {
+    long row, begin, end;
+} Task;
+
+/* A task's result for each query head: the largest score, the sum of exp((score - top) *
+ * scale) and the values weighted by those numerators, not yet divided by the sum. */
+typedef struct {
+    float *top, *total, *out; /* [heads], [heads], [heads][dim] */
+} Partial;
+
+/* In place: s[0..len) becomes exp((s - top) * scale), padded with zeros to a multiple of 8;
+ * returns the sum and sets *top to the largest score. */
+static float softmax_numerators(float *s, long len, float scale, float *top_out) {
     float top = -INFINITY;
     for (long t = 0; t < len; t++) top = s[t] > top ? s[t] : top;
     long padded = (len + 7) & ~7L;
@@ -27,24 +53,15 @@ static float softmax_numerators(float *s, long len, float scale) {
     float lanes[8], total = 0.0f;
     _mm256_storeu_ps(lanes, sum);
     for (int i = 0; i < 8; i++) total += lanes[i];
+    *top_out = top;
     return total;
 }
 
-/* A head's vector is a few cache lines, one token's apart from the next: a stride the hardware
- * prefetcher does not follow well, so ask for the vector AHEAD tokens on. Past the end of a
- * block that is another block's data: a wasted fetch, never a wrong result. */
-#define AHEAD 4
-
-static inline void prefetch(const float *vector, long dim) {
-    for (long d = 0; d < dim; d += 16) _mm_prefetch((const char *)(vector + d), _MM_HINT_T0);
+/* Ask for a block's bytes while the one before it is being worked on: the blocks of a row lie
+ * anywhere in the cache, so no hardware prefetcher can guess the next one. */
+static inline void prefetch_block(const float *block, long floats) {
+    for (long i = 0; i < floats; i += 16) _mm_prefetch((const char *)(block + i), _MM_HINT_T0);
 }
-
-typedef struct {
-    const float *k_cache, *v_cache;
-    const long *block_tables, *seq_lens;
-    long width, heads, kv_heads, dim, block_size;
-    float scale;
-} Decode;
 
 /* [sum(v[0]), ..., sum(v[7])]: eight dot products' lanes reduced at once. */
 static inline __m256 sum_lanes8(const __m256 v[8]) {
@@ -59,7 +76,6 @@ static void score_tokens(const float *q, const float *key, long count, long toke
                          long dim, float *scores) {
     long t = 0;
     for (; t + 8 <= count; t += 8, key += 8 * token_stride) {
-        prefetch(key + AHEAD * token_stride, dim);
         __m256 sums[8];
         for (int i = 0; i < 8; i++) sums[i] = _mm256_setzero_ps();
         for (long d = 0; d < dim; d += 8) {
@@ -72,71 +88,125 @@ static void score_tokens(const float *q, const float *key, long count, long toke
     for (; t < count; t++, key += token_stride) scores[t] = dot(q, key, dim);
 }
 
-/* out[0..dim) = sum over the row's tokens of weight[t] * value(t), 64 dims at a time held in
- * registers across all tokens. */
-static void weigh_values(const Decode *a, const long *table, long h, long len,
+/* out[0..dim) += sum over `count` tokens of weight[t] * value(t), 64 dims at a time held in
+ * registers. */
+static void weigh_values(const float *value, long count, long token_stride, long dim,
                          const float *weight, float *out) {
-    const long dim = a->dim, token_stride = a->kv_heads * dim, bs = a->block_size;
     for (long d0 = 0; d0 < dim; d0 += 64) {
         const long lanes = (dim - d0 < 64 ? dim - d0 : 64) / 8;
         __m256 acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        for (long t = 0, b = 0; t < len; b++) {
-            const float *value = a->v_cache + (table[b] * bs * a->kv_heads + h) * dim + d0;
-            for (long end = t + bs < len ? t + bs : len; t < end; t++, value += token_stride) {
-                prefetch(value + AHEAD * token_stride, lanes * 8);
-                __m256 w = _mm256_set1_ps(weight[t]);
-                for (int i = 0; i < lanes; i++)
-                    acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * i), acc[i]);
-            }
+        for (int i = 0; i < lanes; i++) acc[i] = _mm256_loadu_ps(out + d0 + 8 * i);
+        const float *v = value + d0;
+        for (long t = 0; t < count; t++, v += token_stride) {
+            __m256 w = _mm256_set1_ps(weight[t]);
+            for (int i = 0; i < lanes; i++)
+                acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
         }
         for (int i = 0; i < lanes; i++) _mm256_storeu_ps(out + d0 + 8 * i, acc[i]);
     }
 }
 
-/* The query heads of KV head h in one row. `scores` holds group x stride floats. */
-static void attend_group(const Decode *a, const float *q, float *out, long row, long h,
-                         float *scores, long stride) {
-    const long group = a->heads / a->kv_heads, len = a->seq_lens[row], dim = a->dim;
-    const long token_stride = a->kv_heads * dim, bs = a->block_size;
-    const long *table = a->block_tables + row * a->width;
-    const float *q_group = q + (row * a->heads + h * group) * dim;
-    float *out_group = out + (row * a->heads + h * group) * dim;
-    for (long t = 0, b = 0; t < len; t += bs, b++) {
-        const float *key = a->k_cache + (table[b] * bs * a->kv_heads + h) * dim;
-        long count = len - t < bs ? len - t : bs;
-        for (long g = 0; g < group; g++)
-            score_tokens(q_group + g * dim, key, count, token_stride, dim, scores + g * stride + t);
+/* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
+ * floats. */
+static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
+                   Partial p) {
+    const long heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;
+    const long token_stride = a->kv_heads * dim, block_floats = bs * token_stride;
+    const long *table = a->block_tables + task->row * a->width;
+    const float *q_row = q + task->row * heads * dim;
+    const long first = task->begin / bs, last = (task->end - 1) / bs;
+    for (long b = first; b <= last; b++) {
+        if (b < last) prefetch_block(a->k_cache + table[b + 1] * block_floats, block_floats);
+        const float *block = a->k_cache + table[b] * block_floats;
+        const long t = b * bs, count = (task->end - t < bs ? task->end - t : bs);
+        for (long h = 0; h < heads; h++)
+            score_tokens(q_row + h * dim, block + (h / group) * dim, count, token_stride, dim,
+                         scores + h * stride + t - task->begin);
     }
-    for (long g = 0; g < group; g++) {
-        float *weight = scores + g * stride, *o = out_group + g * dim;
-        float inverse = 1.0f / softmax_numerators(weight, len, a->scale);
-        weigh_values(a, table, h, len, weight, o);
-        for (long d = 0; d < dim; d++) o[d] *= inverse;
+    for (long h = 0; h < heads; h++) {
+        p.total[h] = softmax_numerators(scores + h * stride, task->end - task->begin, a->scale,
+                                        &p.top[h]);
+        for (long d = 0; d < dim; d++) p.out[h * dim + d] = 0.0f;
+    }
+    for (long b = first; b <= last; b++) {
+        if (b < last) prefetch_block(a->v_cache + table[b + 1] * block_floats, block_floats);
+        const float *block = a->v_cache + table[b] * block_floats;
+        const long t = b * bs, count = (task->end - t < bs ? task->end - t : bs);
+        for (long h = 0; h < heads; h++)
+            weigh_values(block + (h / group) * dim, count, token_stride, dim,
+                         scores + h * stride + t - task->begin, p.out + h * dim);
+    }
+}
+
+/* out = the row's partials rescaled to their common largest score, summed, divided by their
+ * summed numerators. One partial: its values over its total. */
+static void merge(const Decode *a, const Partial *parts, long count, float *out) {
+    const long dim = a->dim;
+    for (long h = 0; h < a->heads; h++, out += dim) {
+        float top = -INFINITY, total = 0.0f, factor[count];
+        for (long i = 0; i < count; i++) top = parts[i].top[h] > top ? parts[i].top[h] : top;
+        for (long i = 0; i < count; i++) {
+            factor[i] = count == 1 ? 1.0f : expf((parts[i].top[h] - top) * a->scale);
+            total += factor[i] * parts[i].total[h];
+        }
+        const float inverse = 1.0f / total;
+        for (long d = 0; d < dim; d++) {
+            float sum = 0.0f;
+            for (long i = 0; i < count; i++) sum += factor[i] * parts[i].out[h * dim + d];
+            out[d] = sum * inverse;
+        }
     }
 }
 
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8. Returns 0, or -1 when out of
- * memory for the scores. */
+ * memory. */
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
                                long block_size, float scale) {
     Decode a = {k_cache, v_cache, block_tables, seq_lens, width,
                 heads, kv_heads, dim, block_size, scale};
-    long stride = 8;  /* a row of scores, rounded up to whole vectors */
-    for (long r = 0; r < rows; r++) stride = seq_lens[r] + 7 > stride ? seq_lens[r] + 7 : stride;
+    const long wanted = TASKS_PER_THREAD * omp_get_max_threads();
+    const long most_parts = rows >= wanted ? 1 : (wanted + rows - 1) / rows;
+    long tasks = 0, stride = 8; /* a head's scores in a task, rounded up to whole vectors */
+    long *first_task = malloc(sizeof(long) * (rows + 1));
+    Task *task = malloc(sizeof(Task) * rows * most_parts);
+    float *partials = malloc(sizeof(float) * rows * most_parts * heads * (dim + 2));
+    Partial *parts = malloc(sizeof(Partial) * rows * most_parts);
+    if (!first_task || !task || !partials || !parts) {
+        free(first_task), free(task), free(partials), free(parts);
+        return -1;
+    }
+    for (long r = 0; r < rows; r++) {
+        const long blocks = (seq_lens[r] + block_size - 1) / block_size;
+        long split = blocks / MIN_BLOCKS_PER_TASK;
+        split = split < 1 ? 1 : split > most_parts ? most_parts : split;
+        const long per_task = (blocks + split - 1) / split * block_size;
+        first_task[r] = tasks;
+        for (long begin = 0; begin < seq_lens[r]; begin += per_task, tasks++) {
+            const long end = begin + per_task < seq_lens[r] ? begin + per_task : seq_lens[r];
+            task[tasks] = (Task){r, begin, end};
+            float *base = partials + tasks * heads * (dim + 2);
+            parts[tasks] = (Partial){base, base + heads, base + 2 * heads};
+            stride = end - begin + 7 > stride ? end - begin + 7 : stride;
+        }
+    }
+    first_task[rows] = tasks;
     stride &= ~7L;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * (heads / kv_heads) * stride);
+        float *scores = malloc(sizeof(float) * heads * stride);
         if (scores == NULL) failed = 1;
-#pragma omp for schedule(dynamic, 4) collapse(2)
-        for (long r = 0; r < rows; r++)
-            for (long h = 0; h < kv_heads; h++)
-                if (scores) attend_group(&a, q, out, r, h, scores, stride);
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < tasks; i++)
+            if (scores) attend(&a, q, &task[i], scores, stride, parts[i]);
         free(scores);
+#pragma omp for schedule(static)
+        for (long r = 0; r < rows; r++)
+            merge(&a, parts + first_task[r], first_task[r + 1] - first_task[r],
+                  out + r * heads * dim);
     }
+    free(first_task), free(task), free(partials), free(parts);
     return failed ? -1 : 0;
 }

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 import aiohttp
 import psutil
 import pytest
+from conftest import MODEL
 
 from bench.server_process import Server, healthy, launched_server
 
-MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = [f"Write a list of {n} fruits and their colors:" for n in range(3, 9)]
 
 

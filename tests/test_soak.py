@@ -10,10 +10,10 @@ import random
 import time
 
 import aiohttp
+from conftest import MODEL
 
 from bench.server_process import launched_server
 
-MODEL = "SmolLM2-135M-Instruct"
 REQUESTS = 2000
 CONCURRENCY = 48
 

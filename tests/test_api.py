@@ -1,0 +1,178 @@
+"""The OpenAI-compatible API end to end: real processes over ZeroMQ on loopback, the official
+openai client, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from conftest import MODEL
+
+from bench.server_process import Server
+
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish."]
+
+
+def test_models_and_health(service: Server, client: openai.OpenAI) -> None:
+    assert [model.id for model in client.models.list().data] == [MODEL]
+
+
+def test_chat_streamed_equals_whole_and_usage_is_right(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=40, temperature=0
+    )
+    text = whole.choices[0].message.content
+    assert "Paris" in text
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=40, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage = chunks[-1].usage
+    assert usage is not None and usage == whole.usage
+    assert usage.completion_tokens <= 40 and usage.prompt_tokens > 20
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_completion_streamed_equals_whole_with_stop_string(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL, prompt="Count: one, two, three,", max_tokens=30, temperature=0)
+    whole = client.completions.create(**args)
+    text = whole.choices[0].text
+    assert whole.usage.completion_tokens == 30 and whole.choices[0].finish_reason == "length"
+    stop = text[8:11]
+    cut = client.completions.create(**args, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(**args, stop=[stop], stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
+
+
+def test_logprobs_and_seeded_sampling(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0.9, seed=42)
+    first = client.completions.create(**args, logprobs=3)
+    again = client.completions.create(**args, logprobs=3)
+    assert first.choices[0].text == again.choices[0].text
+    logprobs = first.choices[0].logprobs
+    assert len(logprobs.tokens) == 5 == len(logprobs.token_logprobs)
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert all(len(top) == 3 for top in logprobs.top_logprobs)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    # Greedy: the chosen token is the most likely one.
+    assert all(entry.logprob == pytest.approx(entry.top_logprobs[0].logprob) for entry in content)
+
+
+def test_32_concurrent_streams_all_finish(service: Server) -> None:
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, str]:
+        body = {
+            "model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 16 + i % 5,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+        }  # fmt: skip
+        pieces, done = [], False
+        async with session.post(f"{service.url}/v1/completions", json=body) as response:
+            assert response.status == 200
+            async for line in response.content:
+                data = line.decode().strip().removeprefix("data: ")
+                if data == "[DONE]":
+                    done = True
+                elif data:
+                    pieces.append(json.loads(data)["choices"][0]["text"])
+        assert done
+        return i, "".join(pieces)
+
+    async def all_of_them() -> list[tuple[int, str]]:
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(one(session, i) for i in range(32)))
+
+    results = asyncio.run(all_of_them())
+    assert sorted(i for i, _ in results) == list(range(32))
+    assert all(text for _, text in results)
+
+
+def test_greedy_over_http_equals_turnstile_generate(client: openai.OpenAI, tmp_path: Path) -> None:
+    lines = [{"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
+             for q in QUESTIONS]  # fmt: skip
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "generate", "--input", str(source),
+         "--output", str(target)],
+        check=True, timeout=300,
+    )  # fmt: skip
+    offline = [json.loads(line) for line in target.read_text().splitlines()]
+    for line, result in zip(lines, offline, strict=True):
+        answer = client.chat.completions.create(model=MODEL, **line)
+        assert answer.choices[0].message.content == result["text"]
+        assert answer.usage.completion_tokens == len(result["token_ids"])
+        assert answer.choices[0].finish_reason == result["finish_reason"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", b'{"prompt": 5}', 400, "prompt"),
+        ("/v1/completions", b'{"prompt": "x", "temperature": 7}', 400, "temperature"),
+        ("/v1/completions", b'{"prompt": "x", "n": 2}', 400, "$.n"),
+        ("/v1/completions", b'{"prompt": [1, 99999999]}', 400, "token ids"),
+        ("/v1/completions", b'{"prompt": "x", "model": "gpt-9"}', 404, "does not exist"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": 9000}', 400, "maximum context"),
+        ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
+        ("/v1/nothing", b"{}", 404, "Not Found"),
+    ],
+)
+def test_bad_requests_get_openai_errors(
+    service: Server, path: str, body: bytes, status: int, words: str
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{service.url}{path}", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as failure:
+        urllib.request.urlopen(request, timeout=10)
+    assert failure.value.code == status
+    error = json.loads(failure.value.read())["error"]
+    assert words in error["message"] and error["type"] and error["code"]
+
+
+def test_a_disconnected_stream_frees_its_kv_blocks(service: Server) -> None:
+    async def read_a_little_then_leave() -> None:
+        body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 2000,
+                "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{service.url}/v1/completions", json=body) as response,
+        ):
+            for _ in range(5):
+                await response.content.readline()
+
+    asyncio.run(read_a_little_then_leave())
+    deadline = time.monotonic() + 15
+    while True:
+        series = service.scrape()
+        free, total = (
+            series["turnstile:kv_cache_free_blocks"],
+            series["turnstile:kv_cache_total_blocks"],
+        )
+        if series["turnstile:num_requests_running"] == 0 and free == total:
+            break
+        assert time.monotonic() < deadline, f"blocks still held: {free} of {total} free"
+        time.sleep(0.2)
+    assert series['turnstile:request_success_total{finished_reason="abort"}'] >= 1

@@ -174,7 +174,7 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
     float *partials = malloc(sizeof(float) * rows * most_parts * heads * (dim + 2));
     Partial *parts = malloc(sizeof(Partial) * rows * most_parts);
     if (!first_task || !task || !partials || !parts) {
-        free(first_task), free(task), free(partials), free(parts);
+        free(first_task); free(task); free(partials); free(parts);
         return -1;
     }
     for (long r = 0; r < rows; r++) {
@@ -207,6 +207,6 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
             merge(&a, parts + first_task[r], first_task[r + 1] - first_task[r],
                   out + r * heads * dim);
     }
-    free(first_task), free(task), free(partials), free(parts);
+    free(first_task); free(task); free(partials); free(parts);
     return failed ? -1 : 0;
 }

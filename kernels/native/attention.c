@@ -21,7 +21,7 @@
 
 typedef struct {
     const float *k_cache, *v_cache;
-    const long *block_tables, *seq_lens;
+    const long *block_tables;
     long width, heads, kv_heads, dim, block_size;
     float scale;
 } Decode;
@@ -139,14 +139,14 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
 }
 
 /* out = the row's partials rescaled to their common largest score, summed, divided by their
- * summed numerators. One partial: its values over its total. */
+ * summed numerators. One partial is rescaled by exp(0), exactly 1: its values over its total. */
 static void merge(const Decode *a, const Partial *parts, long count, float *out) {
     const long dim = a->dim;
     for (long h = 0; h < a->heads; h++, out += dim) {
         float top = -INFINITY, total = 0.0f, factor[count];
         for (long i = 0; i < count; i++) top = parts[i].top[h] > top ? parts[i].top[h] : top;
         for (long i = 0; i < count; i++) {
-            factor[i] = count == 1 ? 1.0f : expf((parts[i].top[h] - top) * a->scale);
+            factor[i] = expf((parts[i].top[h] - top) * a->scale);
             total += factor[i] * parts[i].total[h];
         }
         const float inverse = 1.0f / total;
@@ -164,8 +164,7 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
                                long block_size, float scale) {
-    Decode a = {k_cache, v_cache, block_tables, seq_lens, width,
-                heads, kv_heads, dim, block_size, scale};
+    Decode a = {k_cache, v_cache, block_tables, width, heads, kv_heads, dim, block_size, scale};
     const long wanted = TASKS_PER_THREAD * omp_get_max_threads();
     const long most_parts = rows >= wanted ? 1 : (wanted + rows - 1) / rows;
     long tasks = 0, stride = 8; /* a head's scores in a task, rounded up to whole vectors */

@@ -24,14 +24,18 @@ def test_the_library_builds_on_this_machine() -> None:
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 64])
-def test_linear_matches_torch_with_bias_and_residual(weight_dtype: torch.dtype, rows: int) -> None:
-    # 40 outputs: two whole panels of 16 and a partial one; 37 inputs: no multiple of 8.
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 8, 13, 64])
+@pytest.mark.parametrize("outputs", [40, 72])
+def test_linear_matches_torch_with_bias_and_residual(
+    weight_dtype: torch.dtype, rows: int, outputs: int
+) -> None:
+    # 40 outputs: two whole panels of 16 and a partial one; 72: a group of four panels (the
+    # wide tile one or two leftover rows take) and a partial fifth. 37 inputs: no multiple of 8.
     generator = torch.Generator().manual_seed(rows)
-    weight = torch.randn(40, 37, generator=generator).to(weight_dtype)
-    bias = torch.randn(40, generator=generator)
+    weight = torch.randn(outputs, 37, generator=generator).to(weight_dtype)
+    bias = torch.randn(outputs, generator=generator)
     x = torch.randn(rows, 37, generator=generator)
-    residual = torch.randn(rows, 40, generator=generator)
+    residual = torch.randn(rows, outputs, generator=generator)
     exact = F.linear(x, weight.float(), bias)
     plain = Linear(weight)
     biased = Linear(weight, bias)
@@ -39,6 +43,21 @@ def test_linear_matches_torch_with_bias_and_residual(weight_dtype: torch.dtype, 
     torch.testing.assert_close(plain(x), F.linear(x, weight.float()), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(biased(x), exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(biased(x, residual), exact + residual, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_projection_does_not_depend_on_the_rows_beside_it(
+    weight_dtype: torch.dtype,
+) -> None:
+    """Full tiles, leftover rows and the wide tiles all sum in the same order, so a sequence
+    gets the same bits alone or in any batch (greedy tokens do not change with the batch)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(200, 576, generator=generator).to(weight_dtype)
+    x = torch.randn(15, 576, generator=generator)
+    layer = Linear(weight)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+    for rows in range(2, len(x) + 1):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
 def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:

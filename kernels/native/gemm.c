@@ -63,33 +63,41 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
  * more unchanged. */
 #define PREFETCH_AHEAD 64
 
-/* ROWS rows of x against one panel: 2 * ROWS accumulators, the weight loaded once per k. Row
- * j's k-th input is x[j * ROW_STEP + k * K_STEP]: rows of x as they are, or a packed tile.
- * PREFETCH: whether this tile is the first over its panel, so reads it from memory. */
-#define TILE(NAME, WT, LOAD, ROWS, ROW_STEP, K_STEP, PREFETCH)                                 \
+/* ROWS rows of x against PANELS consecutive panels: 2 * ROWS * PANELS accumulators, each weight
+ * loaded once per k. Row j's k-th input is x[j * ROW_STEP + k * K_STEP]: rows of x as they
+ * are, or a packed tile. PREFETCH: whether this tile is the first over its panels, so reads
+ * them from memory. A sum is one chain of dependent FMAs, in k order whatever the tile, so a
+ * row's result does not depend on the rows beside it; a tile of few rows takes several panels
+ * so that enough chains are in flight to cover the FMA's latency. */
+#define TILE(NAME, WT, LOAD, ROWS, PANELS, ROW_STEP, K_STEP, PREFETCH)                         \
     static inline __attribute__((always_inline)) void NAME(const Product *p, const WT *panel, \
                                                            const float *x, long first,        \
                                                            long row) {                        \
-        __m256 lo[ROWS], hi[ROWS];                                                             \
-        for (int j = 0; j < ROWS; j++) lo[j] = hi[j] = _mm256_setzero_ps();                    \
+        __m256 lo[PANELS][ROWS], hi[PANELS][ROWS];                                             \
+        for (int q = 0; q < PANELS; q++)                                                       \
+            for (int j = 0; j < ROWS; j++) lo[q][j] = hi[q][j] = _mm256_setzero_ps();          \
         const long K = p->K;                                                                   \
         _Pragma("GCC unroll 4") for (long k = 0; k < K; k++) {                                 \
-            __m256 w_lo, w_hi;                                                                 \
-            if (PREFETCH)                                                                      \
-                _mm_prefetch((const char *)(panel + (k + PREFETCH_AHEAD) * PANEL), _MM_HINT_T0); \
-            LOAD(panel + k * PANEL, &w_lo, &w_hi);                                             \
-            for (int j = 0; j < ROWS; j++) {                                                   \
-                __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));            \
-                lo[j] = _mm256_fmadd_ps(w_lo, xk, lo[j]);                                      \
-                hi[j] = _mm256_fmadd_ps(w_hi, xk, hi[j]);                                      \
+            for (int q = 0; q < PANELS; q++) {                                                 \
+                const WT *w = panel + q * PANEL * K + k * PANEL;                               \
+                __m256 w_lo, w_hi;                                                             \
+                if (PREFETCH) _mm_prefetch((const char *)(w + PREFETCH_AHEAD * PANEL), _MM_HINT_T0); \
+                LOAD(w, &w_lo, &w_hi);                                                         \
+                for (int j = 0; j < ROWS; j++) {                                               \
+                    __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));        \
+                    lo[q][j] = _mm256_fmadd_ps(w_lo, xk, lo[q][j]);                            \
+                    hi[q][j] = _mm256_fmadd_ps(w_hi, xk, hi[q][j]);                            \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        float out[ROWS][PANEL];                                                                \
-        for (int j = 0; j < ROWS; j++) {                                                       \
-            _mm256_storeu_ps(out[j], lo[j]);                                                   \
-            _mm256_storeu_ps(out[j] + 8, hi[j]);                                               \
+        for (int q = 0; q < PANELS; q++) {                                                     \
+            float out[ROWS][PANEL];                                                            \
+            for (int j = 0; j < ROWS; j++) {                                                   \
+                _mm256_storeu_ps(out[j], lo[q][j]);                                            \
+                _mm256_storeu_ps(out[j] + 8, hi[q][j]);                                        \
+            }                                                                                  \
+            store_tile(p, row, ROWS, first + q * PANEL, out[0]);                               \
         }                                                                                      \
-        store_tile(p, row, ROWS, first, out[0]);                                               \
     }
 
 /* Six rows of x at a time, each tile copied to [K][6]: the six inputs of a k side by side in one
@@ -107,47 +115,72 @@ static void pack_tiles(const Product *p, float *tiles, long count) {
     }
 }
 
+/* Panels a thread takes at a time: enough that the rows left over after the full tiles keep
+ * eight chains of FMAs in flight (an FMA's latency is four cycles, and two issue a cycle). */
+static long group_for(long rest) { return rest == 1 ? 4 : rest == 2 ? 2 : 1; }
+
 #define PRODUCT(SUFFIX, WT, LOAD)                                                              \
-    /* A remainder tile is the first over its panel when there are fewer rows than a tile; \
+    /* A remainder tile is the first over its panels when there are fewer rows than a tile; \
      * after full tiles its prefetches hit L2, at the cost of one tile in many. */         \
-    TILE(tile1_##SUFFIX, WT, LOAD, 1, K, 1, 1)                                                 \
-    TILE(tile2_##SUFFIX, WT, LOAD, 2, K, 1, 1)                                                 \
-    TILE(tile3_##SUFFIX, WT, LOAD, 3, K, 1, 1)                                                 \
-    TILE(tile4_##SUFFIX, WT, LOAD, 4, K, 1, 1)                                                 \
-    TILE(tile5_##SUFFIX, WT, LOAD, 5, K, 1, 1)                                                 \
-    TILE(tile6_##SUFFIX, WT, LOAD, 6, K, 1, 1)                                                 \
-    TILE(first_packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS, 1)                                 \
-    TILE(packed6_##SUFFIX, WT, LOAD, 6, 1, TILE_ROWS, 0)                                       \
+    TILE(tile1x4_##SUFFIX, WT, LOAD, 1, 4, K, 1, 1)                                            \
+    TILE(tile2x2_##SUFFIX, WT, LOAD, 2, 2, K, 1, 1)                                            \
+    TILE(tile1_##SUFFIX, WT, LOAD, 1, 1, K, 1, 1)                                              \
+    TILE(tile2_##SUFFIX, WT, LOAD, 2, 1, K, 1, 1)                                              \
+    TILE(tile3_##SUFFIX, WT, LOAD, 3, 1, K, 1, 1)                                              \
+    TILE(tile4_##SUFFIX, WT, LOAD, 4, 1, K, 1, 1)                                              \
+    TILE(tile5_##SUFFIX, WT, LOAD, 5, 1, K, 1, 1)                                              \
+    TILE(tile6_##SUFFIX, WT, LOAD, 6, 1, K, 1, 1)                                              \
+    TILE(first_packed6_##SUFFIX, WT, LOAD, 6, 1, 1, TILE_ROWS, 1)                              \
+    TILE(packed6_##SUFFIX, WT, LOAD, 6, 1, 1, TILE_ROWS, 0)                                    \
+    /* The rows after the full tiles, against `count` panels from `panel` (a whole group takes \
+     * the wide tile; the last, partial group of a matrix one panel at a time). */           \
+    static void rest_##SUFFIX(const Product *p, const WT *panel, const float *rest, long first, \
+                              long row, long count) {                                          \
+        const long K = p->K, rows = p->M - row;                                                \
+        if (rows == 1 && count == 4) { tile1x4_##SUFFIX(p, panel, rest, first, row); return; }  \
+        if (rows == 2 && count == 2) { tile2x2_##SUFFIX(p, panel, rest, first, row); return; }  \
+        for (long q = 0; q < count; q++, panel += PANEL * K, first += PANEL) {                 \
+            switch (rows) {                                                                    \
+            case 5: tile5_##SUFFIX(p, panel, rest, first, row); break;                         \
+            case 4: tile4_##SUFFIX(p, panel, rest, first, row); break;                         \
+            case 3: tile3_##SUFFIX(p, panel, rest, first, row); break;                         \
+            case 2: tile2_##SUFFIX(p, panel, rest, first, row); break;                         \
+            case 1: tile1_##SUFFIX(p, panel, rest, first, row); break;                         \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
     void linear_##SUFFIX(const float *x, const WT *w, float *y, const float *bias,             \
                          const float *residual, long M, long N, long K) {                      \
         Product p = {x, y, bias, residual, M, N, K};                                           \
         const long panels = (N + PANEL - 1) / PANEL, full = M / TILE_ROWS;                     \
+        const long group = group_for(M - full * TILE_ROWS);                                    \
+        const long groups = (panels + group - 1) / group;                                      \
         /* Without the memory to pack into, the tiles are read where they are. */              \
         float *tiles = full ? malloc(sizeof(float) * full * TILE_ROWS * K) : NULL;             \
         _Pragma("omp parallel") {                                                              \
             if (tiles) pack_tiles(&p, tiles, full);                                            \
-            /* Panels handed out one at a time, so a thread the OS preempts (another process  \
-             * of the server needing the CPU) holds up one panel, not a static share; but with \
-             * fewer rows than a tile the product streams its weights at memory speed, where   \
-             * one contiguous share per thread keeps each on one prefetched stream. */        \
+            /* Panels handed out a group at a time, so a thread the OS preempts (another      \
+             * process of the server needing the CPU) holds up one group, not a static share;  \
+             * but with fewer rows than a tile the product streams its weights at memory      \
+             * speed, where one contiguous share per thread keeps each on one prefetched      \
+             * stream. */                                                                      \
             const long threads = omp_get_num_threads();                                        \
-            const long chunk = full ? 1 : (panels + threads - 1) / threads;                    \
-            _Pragma("omp for schedule(dynamic, chunk)") for (long t = 0; t < panels; t++) {    \
-                const WT *panel = w + t * PANEL * K;                                           \
-                long first = t * PANEL, row = 0;                                               \
-                for (; M - row >= TILE_ROWS; row += TILE_ROWS) {                               \
-                    if (tiles && row == 0) first_packed6_##SUFFIX(&p, panel, tiles, first, 0); \
-                    else if (tiles) packed6_##SUFFIX(&p, panel, tiles + row * K, first, row);  \
-                    else tile6_##SUFFIX(&p, panel, x + row * K, first, row);                   \
+            const long chunk = full ? 1 : (groups + threads - 1) / threads;                    \
+            _Pragma("omp for schedule(dynamic, chunk)") for (long g = 0; g < groups; g++) {    \
+                const long first_panel = g * group;                                            \
+                const long count = panels - first_panel < group ? panels - first_panel : group; \
+                for (long q = 0; q < count; q++) {                                             \
+                    const WT *panel = w + (first_panel + q) * PANEL * K;                       \
+                    const long first = (first_panel + q) * PANEL;                              \
+                    for (long row = 0; row < full * TILE_ROWS; row += TILE_ROWS) {             \
+                        if (tiles && row == 0) first_packed6_##SUFFIX(&p, panel, tiles, first, 0); \
+                        else if (tiles) packed6_##SUFFIX(&p, panel, tiles + row * K, first, row); \
+                        else tile6_##SUFFIX(&p, panel, x + row * K, first, row);               \
+                    }                                                                          \
                 }                                                                              \
-                const float *rest = x + row * K;                                               \
-                switch (M - row) {                                                             \
-                case 5: tile5_##SUFFIX(&p, panel, rest, first, row); break;                    \
-                case 4: tile4_##SUFFIX(&p, panel, rest, first, row); break;                    \
-                case 3: tile3_##SUFFIX(&p, panel, rest, first, row); break;                    \
-                case 2: tile2_##SUFFIX(&p, panel, rest, first, row); break;                    \
-                case 1: tile1_##SUFFIX(&p, panel, rest, first, row); break;                    \
-                }                                                                              \
+                const long row = full * TILE_ROWS;                                             \
+                rest_##SUFFIX(&p, w + first_panel * PANEL * K, x + row * K,                   \
+                              first_panel * PANEL, row, count);                                \
             }                                                                                  \
         }                                                                                      \
         free(tiles);                                                                           \

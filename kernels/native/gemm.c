@@ -81,7 +81,8 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
             for (int q = 0; q < PANELS; q++) {                                                 \
                 const WT *w = panel + q * PANEL * K + k * PANEL;                               \
                 __m256 w_lo, w_hi;                                                             \
-                if (PREFETCH) _mm_prefetch((const char *)(w + PREFETCH_AHEAD * PANEL), _MM_HINT_T0); \
+                if (PREFETCH)                                                                  \
+                    _mm_prefetch((const char *)(w + PREFETCH_AHEAD * PANEL), _MM_HINT_T0);     \
                 LOAD(w, &w_lo, &w_hi);                                                         \
                 for (int j = 0; j < ROWS; j++) {                                               \
                     __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));        \

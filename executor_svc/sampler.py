@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels.cpu_native import argmax
 from shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
@@ -37,7 +38,7 @@ class Sampler:
         """Tokens for each row of float32 `logits`; `output_index[i]` is how many tokens row i
         generated before this one. Returns the tokens and, per row, [(sampled token, its
         logprob), then the top N] when that row asked for N logprobs, else []."""
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax(logits)
         random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
         if random_rows:
             rows = torch.tensor(random_rows)

@@ -55,6 +55,7 @@ _SIGNATURES = {
     "decode_layer_f32": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_bf16": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
+    "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
 }
 
 
@@ -163,4 +164,16 @@ def linear(
             out_features,
             in_features,
         )
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(dim=-1)` for [rows, vocab] logits, the same indices (the first largest;
+    the first NaN), natively for float32 on this CPU."""
+    lib = library() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+    if lib is None or logits.dim() != 2:
+        return logits.argmax(dim=-1)
+    logits = logits.contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    lib.argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr())
     return out

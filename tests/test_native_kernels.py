@@ -60,6 +60,20 @@ def test_a_rows_projection_does_not_depend_on_the_rows_beside_it(
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("vocab", [5, 8, 13, 49157])
+def test_argmax_picks_what_torch_picks(rows: int, vocab: int) -> None:
+    """Greedy tokens: the first of tied largest logits, the first NaN, all -inf."""
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(rows, vocab, generator=generator)
+    ties = (logits * 2).round()  # few distinct values: the largest one repeats
+    with_nans = logits.clone()
+    with_nans[:, [vocab // 3, vocab - 1]] = float("nan")
+    masked = torch.full((rows, vocab), -float("inf"))
+    for case in (logits, ties, with_nans, masked):
+        assert torch.equal(cpu_native.argmax(case), case.argmax(dim=-1))
+
+
 def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
     weight = torch.randn(32, 24)
     x = torch.randn(24, 5).t()
@@ -138,6 +152,8 @@ def test_without_the_library_projections_fall_back_to_torch(
     assert linear.weight is weight
     torch.testing.assert_close(linear(x, residual=x[:, :1]), x @ weight.t() + x[:, :1])
     assert attention_backend("auto", "cpu", torch.float32) is reference
+    logits = torch.randn(3, 50)
+    assert torch.equal(cpu_native.argmax(logits), logits.argmax(dim=-1))
 
 
 def test_a_build_is_cached_by_source_digest(

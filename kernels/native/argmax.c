@@ -3,6 +3,7 @@
  * reduction carries an index beside every value on one thread, about 60 us a row of 49,152
  * logits here, a millisecond a step of 16 rows; this compares eight lanes at a time. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 static long first_nan(const float *x, long n) {
@@ -12,20 +13,13 @@ static long first_nan(const float *x, long n) {
 }
 
 static long argmax_row(const float *x, long n) {
-    if (n < 8) {
-        long best = first_nan(x, n);
-        if (best >= 0) return best;
-        for (long i = best = 0; i < n; i++)
-            if (x[i] > x[best]) best = i;
-        return best;
-    }
     /* Each lane keeps the first index of its largest value (only a strictly greater value
-     * replaces it); the lanes' tie goes to the smaller index. */
-    __m256 top = _mm256_loadu_ps(x);
-    __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), where = index;
-    __m256 nan = _mm256_cmp_ps(top, top, _CMP_UNORD_Q);
+     * replaces it; a row of -inf keeps index 0); the lanes' tie goes to the smaller index. */
+    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    __m256i index = _mm256_setr_epi32(-8, -7, -6, -5, -4, -3, -2, -1);
+    __m256i where = _mm256_setzero_si256();
     const __m256i eight = _mm256_set1_epi32(8);
-    long i = 8;
+    long i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
         index = _mm256_add_epi32(index, eight);

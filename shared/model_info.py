@@ -3,6 +3,7 @@ need the context length, EOS and chat template; the executor needs the rest)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -66,9 +67,24 @@ def cache_dir() -> Path:
 
 
 def derived_path(model: Path, name: str) -> Path:
-    """A cache file derived from `model`, named so that a changed model file misses."""
+    """A cache file derived from `model`, keyed by the file's content: a changed model misses,
+    and the same model installed again (a fresh venv: new path, new mtime) hits, so the cache
+    holds one copy of the dequantized weights per model, not one per install."""
+    return cache_dir() / f"{model.stem}-{content_digest(model)[:16]}" / name
+
+
+def content_digest(model: Path) -> str:
+    """SHA-256 of the file, remembered per (path, size, mtime, inode): hashing costs ~1 s a GB,
+    and every service process asks at start."""
     stat = model.stat()
-    return cache_dir() / f"{model.stem}-{stat.st_size}-{int(stat.st_mtime)}" / name
+    identity = f"{model.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+    memo = cache_dir() / "digests" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    if memo.exists():
+        return memo.read_text()
+    with model.open("rb") as file:
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    write_atomically(memo, digest.encode())
+    return digest
 
 
 def write_atomically(path: Path, data: bytes) -> None:

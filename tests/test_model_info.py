@@ -1,6 +1,11 @@
 from __future__ import annotations
 
-from shared.model_info import embedded_model_path, read_model_info
+import os
+from pathlib import Path
+
+import pytest
+
+from shared.model_info import derived_path, embedded_model_path, read_model_info
 
 
 def test_embedded_gguf_is_found_and_describes_smollm2() -> None:
@@ -11,3 +16,22 @@ def test_embedded_gguf_is_found_and_describes_smollm2() -> None:
     assert (info.vocab_size, info.eos_token_id, info.max_model_len) == (49152, 2, 8192)
     assert info.tie_word_embeddings and not info.attention_bias
     assert info.chat_template is not None and "<|im_start|>" in info.chat_template
+
+
+def test_derived_caches_follow_the_model_files_content_not_its_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fresh venv installs the model with a new path and mtime; keying the dequantized
+    weights by those left one 517 MB copy per install and filled the disk."""
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
+    first, second, changed = (tmp_path / name / "model.gguf" for name in ("a", "b", "c"))
+    for path, content in ((first, b"weights"), (second, b"weights"), (changed, b"weightz")):
+        path.parent.mkdir()
+        path.write_bytes(content)
+    os.utime(second, (1_000_000, 1_000_000))
+    assert derived_path(first, "w") == derived_path(second, "w")
+    assert derived_path(changed, "w") != derived_path(first, "w")
+    # The digest is remembered per file identity; editing the file changes its mtime and misses.
+    first.write_bytes(b"weightz")
+    os.utime(first, ns=(first.stat().st_mtime_ns + 1, first.stat().st_mtime_ns + 1))
+    assert derived_path(first, "w") == derived_path(changed, "w")

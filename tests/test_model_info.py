@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from shared.model_info import derived_path, embedded_model_path, read_model_info
+from shared.tokenizer import Tokenizer
 
 
 def test_embedded_gguf_is_found_and_describes_smollm2() -> None:
@@ -35,3 +39,29 @@ def test_derived_caches_follow_the_model_files_content_not_its_install(
     first.write_bytes(b"weightz")
     os.utime(first, ns=(first.stat().st_mtime_ns + 1, first.stat().st_mtime_ns + 1))
     assert derived_path(first, "w") == derived_path(changed, "w")
+
+
+def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None:
+    """A full disk must not stop a start: a process whose files may not grow past 64 KB (a real
+    write failure, EFBIG, from RLIMIT_FSIZE) converts the tokenizer (2 MB) and still encodes
+    text, and leaves no partial file behind."""
+    child = textwrap.dedent(
+        """
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        from shared.model_info import embedded_model_path, read_model_info
+        from shared.tokenizer import Tokenizer
+        path = embedded_model_path()
+        print(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
+        """
+    )
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TURNSTILE_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    path = embedded_model_path()
+    assert done.stdout.strip() == str(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
+    assert "not caching" in done.stderr and "tokenizer.json" in done.stderr
+    written = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    assert "tokenizer.json" not in written and not [n for n in written if n.endswith(".tmp")]

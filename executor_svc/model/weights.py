@@ -54,8 +54,8 @@ def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
     if cached.exists():
         return load_file(cached)
     weights = dequantize_gguf(path, info)
-    write_atomically(cached, save(weights))
-    log.info("cached dequantized weights in %s", cached)
+    if write_atomically(cached, save(weights)):
+        log.info("cached dequantized weights in %s", cached)
     return weights
 
 

@@ -31,6 +31,13 @@ def static_schedule_steps(jobs: list[Job], batch: int) -> int:
     return sum(max(job.output_len for job in group) for group in _batches(jobs, batch))
 
 
+def fewest_steps(jobs: list[Job], batch: int) -> int:
+    """The fewest steps any schedule with `batch` slots serves the jobs in: every step full, and
+    no fewer than the longest request. Continuous batching's excess over it is the run's end,
+    where the batch drains with nothing left to admit."""
+    return max(-(-sum(job.output_len for job in jobs) // batch), max(j.output_len for j in jobs))
+
+
 def ideal_ratio(jobs: list[Job], batch: int, with_prompts: bool = False) -> float:
     """Padded over useful tokens of the static schedule. With prompts: their tokens counted
     on both sides too (padded to the batch's longest, as HF `generate` pads them), for a device
@@ -118,6 +125,7 @@ def compare(
     results["ideal_ratio"] = ideal
     results["ideal_ratio_with_prompts"] = ideal_ratio(jobs, batch, with_prompts=True)
     results["ideal_schedule_steps"] = static_schedule_steps(jobs, batch)
+    results["fewest_steps"] = fewest_steps(jobs, batch)
     results["rounds"] = per_round
     results["median"] = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
     return results

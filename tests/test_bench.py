@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from bench.compare_bench import ideal_ratio
+from bench.compare_bench import fewest_steps, ideal_ratio
 from bench.serve_bench import Job, Outcome, arrival_gap, make_jobs, summarize
 
 
@@ -41,6 +41,12 @@ def test_ideal_ratio_is_padded_over_useful_tokens() -> None:
     assert ideal_ratio(jobs, 1) == 1.0
     prompted = [Job([1] * p, n) for p, n in ((1, 1), (3, 1), (1, 1), (1, 5))]
     assert ideal_ratio(prompted, 2, with_prompts=True) == (2 * (1 + 3) + 2 * (5 + 1)) / (8 + 6)
+
+
+def test_fewest_steps_fills_every_slot_or_waits_for_the_longest() -> None:
+    assert fewest_steps([Job([1], n) for n in (1, 1, 1, 5)], 2) == 5  # the longest
+    assert fewest_steps([Job([1], n) for n in (3, 3, 3, 4)], 2) == 7  # 13 tokens, 2 a step
+    assert fewest_steps([Job([1], n) for n in (3, 3, 3, 4)], 4) == 4
 
 
 def test_summary_percentiles_and_goodput() -> None:
@@ -92,3 +98,4 @@ def test_compare_counts_steps_from_the_servers_own_counters() -> None:
     for static in MODES[1:]:
         assert results[static]["steps"] == longest_per_batch  # type: ignore[index]
     assert results["continuous"]["steps"] < results["padded"]["steps"]  # type: ignore[index]
+    assert results["continuous"]["steps"] >= results["fewest_steps"]  # type: ignore[index]

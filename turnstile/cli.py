@@ -205,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve_load.add_argument("--plot", default=None, help="PNG of latency distributions")
     serve_load.set_defaults(handler=bench_commands.serve)
     versus = bench.add_parser("compare", help="continuous vs static batching on longtail")
-    versus.add_argument("--num-prompts", type=int, default=64)
+    versus.add_argument(
+        "--num-prompts",
+        type=int,
+        default=128,
+        help="with fewer, the run's end (the batch draining, nothing left to admit) dominates",
+    )
     versus.add_argument("--input-len", type=int, default=32)
     versus.add_argument("--output-len", type=int, default=64, help="lognormal median")
     versus.add_argument("--max-num-seqs", type=int, default=16)

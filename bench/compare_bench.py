@@ -35,7 +35,8 @@ def fewest_steps(jobs: list[Job], batch: int) -> int:
     """The fewest steps any schedule with `batch` slots serves the jobs in: every step full, and
     no fewer than the longest request. Continuous batching's excess over it is the run's end,
     where the batch drains with nothing left to admit."""
-    return max(-(-sum(job.output_len for job in jobs) // batch), max(j.output_len for j in jobs))
+    outputs = [job.output_len for job in jobs]
+    return max(-(-sum(outputs) // batch), max(outputs))
 
 
 def ideal_ratio(jobs: list[Job], batch: int, with_prompts: bool = False) -> float:

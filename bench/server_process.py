@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -53,7 +55,7 @@ class Server:
     url: str
     metrics_port: int  # the scheduler's; the executor's is the next one
     process: subprocess.Popen[bytes]
-    requests_address: str
+    scheduler_address: str  # where gateways connect
     executors_address: str
 
     def scrape(self, port: int | None = None) -> dict[str, float]:
@@ -71,16 +73,22 @@ class Server:
 
 @contextlib.contextmanager
 def launched_server(
-    *extra: str, ready_timeout: float = 180, quiet: bool = True, env: dict[str, str] | None = None
+    *extra: str,
+    ready_timeout: float = 180,
+    quiet: bool = True,
+    env: dict[str, str] | None = None,
+    addresses: bool = True,
 ) -> Iterator[Server]:
+    """`turnstile serve` with `extra` options; `addresses`: name its ZeroMQ sockets, so that
+    tests can reach them, else leave them to serve (then `Server`'s addresses are empty)."""
     # metrics is the scheduler's port; the executor serves on the next one, reserved here too.
-    http, requests, outputs, executors, metrics, _ = free_ports(6)
+    http, metrics, _ = free_ports(3)
+    run_dir = Path(tempfile.mkdtemp(prefix="turnstile-test-"))  # 0700, as serve's own
+    scheduler, executors = f"ipc://{run_dir}/scheduler.sock", f"ipc://{run_dir}/executors.sock"
+    named = ["--scheduler-address", scheduler, "--executors-address", executors]
     command = [
         sys.executable, "-m", "turnstile.cli", "serve",
-        "--port", str(http), "--metrics-port", str(metrics),
-        "--requests-address", f"tcp://127.0.0.1:{requests}",
-        "--outputs-address", f"tcp://127.0.0.1:{outputs}",
-        "--executors-address", f"tcp://127.0.0.1:{executors}",
+        "--port", str(http), "--metrics-port", str(metrics), *(named if addresses else []),
         *extra,
     ]  # fmt: skip
     env = {**os.environ, "TURNSTILE_LOG": "WARNING", **(env or {})}
@@ -95,12 +103,13 @@ def launched_server(
             if time.monotonic() > deadline:
                 raise RuntimeError("turnstile serve did not become ready")
             time.sleep(0.2)
-        yield Server(
-            url, metrics, process, f"tcp://127.0.0.1:{requests}", f"tcp://127.0.0.1:{executors}"
-        )
+        if not addresses:
+            scheduler = executors = ""
+        yield Server(url, metrics, process, scheduler, executors)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+        shutil.rmtree(run_dir, ignore_errors=True)

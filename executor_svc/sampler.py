@@ -13,6 +13,8 @@ from kernels.cpu_native import argmax
 from shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
+# Below this a temperature is greedy, as in vLLM: dividing by it overflows the logits to inf.
+MIN_TEMPERATURE = 1e-5
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
@@ -23,8 +25,10 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     cut = ranks >= k
     probs = sorted_logits.masked_fill(cut, -float("inf")).softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (always the first token).
+    # Keep the smallest prefix whose mass reaches top_p, and always the first token (a top_p
+    # that rounds to 0 in float32 would otherwise cut every token).
     cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    cut[:, 0] = False
     logits.scatter_(-1, order, sorted_logits.masked_fill(cut, -float("inf")))
 
 
@@ -39,7 +43,7 @@ class Sampler:
         generated before this one. Returns the tokens and, per row, [(sampled token, its
         logprob), then the top N] when that row asked for N logprobs, else []."""
         tokens = argmax(logits)
-        random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
+        random_rows = [i for i, p in enumerate(params) if p.temperature >= MIN_TEMPERATURE]
         if random_rows:
             rows = torch.tensor(random_rows)
             chosen = [params[i] for i in random_rows]

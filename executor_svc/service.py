@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -18,6 +19,8 @@ from shared.protocol import (
     Register,
     RegisterReply,
     SchedulerToExecutor,
+    StepFailed,
+    unpack_ids,
 )
 from shared.zmq_io import FrameCodec, make_socket
 
@@ -30,6 +33,9 @@ FORWARD_SECONDS = Histogram(
     "Executor time per plan: apply, forward, sample",
     buckets=(1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+# Fault injection for the quarantine tests: a step that admits a prompt holding this token id
+# fails as a kernel bug would. Never set in production.
+FAULT_TOKEN_ENV = "TURNSTILE_FAULT_INJECTION_TOKEN"
 
 
 def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, model: str) -> None:
@@ -40,11 +46,13 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
         version=PROTOCOL_VERSION,
         rank=rank,
         model=model,
+        vocab_size=runner.info.vocab_size,
         num_blocks=runner.num_blocks,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
         max_model_len=runner.max_model_len,
     )
+    fault_token = int(os.environ.get(FAULT_TOKEN_ENV, "-1"))
     _register(socket, codec, hello, runner)
     log.info("executor rank %d ready (%.1f s to load)", rank, runner.load_seconds)
     while True:
@@ -60,11 +68,19 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
             continue
         try:
             with FORWARD_SECONDS.time():
+                if any(fault_token in unpack_ids(new.token_ids) for new in message.new):
+                    raise RuntimeError(f"injected fault: token {fault_token} admitted")
                 result = runner.execute(message)
         except PlanError as exc:
             # A plan that does not fit our batch means we missed one: nothing after it can be
             # trusted. Exit so the supervisor restarts us and the scheduler recomputes.
             sys.exit(f"lost sync with the scheduler: {exc}")
+        except Exception as exc:
+            # The device's state is unknown after a failed step: say why, then start afresh.
+            log.exception("step %d failed", message.step)
+            socket.send(codec.encode(StepFailed(message.step, f"{type(exc).__name__}: {exc}")))
+            socket.close(linger=1000)
+            sys.exit(1)
         if rank == 0:  # every rank runs the plan; one answer is enough
             socket.send(codec.encode(result))
 
@@ -72,17 +88,20 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
 def _register(
     socket: zmq.Socket, codec: FrameCodec[SchedulerToExecutor], hello: Register, runner: ModelRunner
 ) -> None:
-    """Offer ourselves until the scheduler answers; start a fresh batch at its next step."""
-    socket.send(codec.encode(hello))
+    """Offer ourselves until the scheduler accepts; start a fresh batch at its next step."""
     deadline = time.monotonic() + REGISTER_TIMEOUT_S
+    socket.send(codec.encode(hello))
     while time.monotonic() < deadline:
         if not socket.poll(HEARTBEAT_MS):
             continue
         reply = codec.decode(socket.recv())
-        if isinstance(reply, RegisterReply):
-            if not reply.accepted and "unknown" not in reply.reason:
-                sys.exit(f"the scheduler refused this executor: {reply.reason}")
-            if reply.accepted:
-                runner.reset(reply.first_step)
-                return
+        if not isinstance(reply, RegisterReply):
+            continue
+        if reply.accepted:
+            runner.reset(reply.first_step)
+            return
+        if not reply.retry:
+            sys.exit(f"the scheduler refused this executor: {reply.reason}")
+        time.sleep(HEARTBEAT_MS / 1000 / 4)
+        socket.send(codec.encode(hello))
     sys.exit("the scheduler did not answer the registration")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ from gateway_svc.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    check_prompt_size,
     engine_request,
     parse,
     prompt_of,
@@ -36,6 +39,8 @@ _REFUSALS = {
     "error": (400, "invalid_request_error", {}),
     "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
     "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
+    "timeout": (504, "timeout", {}),
+    "failed": (500, "server_error", {}),
 }
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -77,6 +82,8 @@ class Gateway:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.api_key = api_key
+        # Tokenizing off the event loop: a long prompt must not stall every other stream.
+        self._tokenizing = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
 
     def app(self, max_body_bytes: int = 4 * 2**20) -> web.Application:
         app = web.Application(
@@ -140,11 +147,14 @@ class Gateway:
             )  # fmt: skip
         chat = isinstance(request, ChatCompletionRequest)
         endpoint = "chat" if chat else "completions"
-        prompt_ids = prompt_of(request, self.tokenizer)
+        check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(
+            self._tokenizing, prompt_of, request, self.tokenizer
+        )
         message = engine_request(request, prompt_ids, self.max_model_len)
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
-        stream = await self.engine.submit(message)
+        stream = self.engine.submit(message)
         metrics.GATEWAY_PROMPT_TOKENS.inc(len(prompt_ids))
         shape = ResponseShape(chat, self.model_name, stream.req_id, self.tokenizer)
         counter = _Usage(len(prompt_ids), arrival)
@@ -161,7 +171,7 @@ class Gateway:
             metrics.REQUESTS.labels(endpoint, str(exc.status)).inc()
             raise
         finally:
-            await self.engine.abort(stream)  # a no-op unless the client left early
+            self.engine.abort(stream)  # a no-op unless the client left early
         metrics.REQUESTS.labels(endpoint, "200").inc()
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response
@@ -185,7 +195,7 @@ class Gateway:
                 entries.append(event.logprobs)
             piece = text.add(event.token_id)
             if text.stopped:
-                await self.engine.abort(stream)
+                self.engine.abort(stream)
                 yield Piece(piece, entries, "stop")
                 return
             if piece:

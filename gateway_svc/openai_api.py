@@ -112,8 +112,10 @@ def parse(body: bytes, kind: type[_Sampling]) -> Any:
         request = msgspec.json.decode(body, type=kind, strict=False)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
     request.check()
     return request
 
@@ -128,6 +130,23 @@ def message_text(message: ChatMessage) -> str:
             raise ApiError(400, "only text content parts are supported")
         parts.append(part["text"])
     return "".join(parts)
+
+
+def check_prompt_size(
+    request: CompletionRequest | ChatCompletionRequest, max_model_len: int, max_chars_per_token: int
+) -> None:
+    """Refuse, before tokenizing, a prompt text too long to fit the context in any case."""
+    if isinstance(request, ChatCompletionRequest):
+        chars = sum(len(message_text(m)) for m in request.messages)
+    else:
+        chars = len(request.prompt)
+    if chars > max_model_len * max_chars_per_token:
+        raise ApiError(
+            400,
+            f"the prompt has {chars} characters: more than this model's context of "
+            f"{max_model_len} tokens can hold",
+            code="context_length_exceeded",
+        )
 
 
 def prompt_of(

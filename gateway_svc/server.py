@@ -22,16 +22,16 @@ DRAIN_SECONDS = 60.0
 
 async def _serve(
     model: Path,
-    requests_address: str,
-    outputs_address: str,
+    scheduler_address: str,
     host: str,
     port: int,
     api_key: str | None,
     max_body_bytes: int,
     max_model_len: int | None,
+    request_timeout: float,
 ) -> None:
     info = read_model_info(model)
-    engine = EngineClient(requests_address, outputs_address)
+    engine = EngineClient(scheduler_address, request_timeout)
     engine.start()
     gateway = Gateway(
         engine,
@@ -58,23 +58,23 @@ async def _serve(
 
 def serve_gateway(
     model: Path,
-    requests_address: str,
-    outputs_address: str,
+    scheduler_address: str,
     host: str,
     port: int,
-    api_key: str | None = None,
-    max_body_bytes: int = 4 * 2**20,
-    max_model_len: int | None = None,
+    api_key: str | None,
+    max_body_bytes: int,
+    max_model_len: int | None,
+    request_timeout: float,
 ) -> None:
     uvloop.run(
         _serve(
             model,
-            requests_address,
-            outputs_address,
+            scheduler_address,
             host,
             port,
             api_key,
             max_body_bytes,
             max_model_len,
+            request_timeout,
         )
     )

@@ -14,14 +14,20 @@ from shared.zmq_io import FrameCodec, make_socket
 
 class ExecutorLink:
     def __init__(
-        self, address: str, num_executors: int, block_size: int, max_num_seqs: int, model: str
+        self,
+        address: str,
+        num_executors: int,
+        block_size: int,
+        max_num_seqs: int,
+        model: str,
+        vocab_size: int,
     ) -> None:
         self.socket = make_socket(zmq.Context.instance(), zmq.ROUTER, address, bind=True)
         self.codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
             ExecutorToScheduler, "scheduler.executors"
         )
         self.num_executors = num_executors
-        self.expected = (PROTOCOL_VERSION, block_size, max_num_seqs, model)
+        self.expected = (PROTOCOL_VERSION, block_size, max_num_seqs, model, vocab_size)
         self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
         # A killed executor's TCP connection drops at once: the monitor reports it in
         # milliseconds, where a heartbeat would take seconds.
@@ -34,11 +40,17 @@ class ExecutorLink:
     def complete(self) -> bool:
         return len(self.peers) == self.num_executors
 
-    def receive(self) -> Iterator[tuple[bytes, ExecutorToScheduler | None]]:
-        """Every waiting message with its sender; None for a malformed one (counted)."""
-        while self.socket.poll(0):
-            identity, frame = self.socket.recv_multipart()
-            yield identity, self.codec.decode(frame)
+    def receive(self) -> Iterator[tuple[bytes, ExecutorToScheduler]]:
+        """Every well-formed waiting message with its sender (malformed ones are counted)."""
+        return self.codec.receive_routed(self.socket)
+
+    def rank_of(self, identity: bytes) -> int | None:
+        return next((rank for rank, known in self.peers.items() if known == identity), None)
+
+    def alive(self, rank: int) -> bool:
+        """Whether the process registered for this rank still has its connection."""
+        identity = self.peers.get(rank)
+        return identity is not None and self.send_to(identity, Heartbeat(-1))
 
     def send_to(self, identity: bytes, message: msgspec.Struct) -> bool:
         return self._send(identity, self.codec.encode(message))
@@ -58,11 +70,13 @@ class ExecutorLink:
 
     def refusal(self, hello: Register) -> str:
         """Why this executor cannot join, or "" if it can."""
-        offered = (hello.version, hello.block_size, hello.max_num_seqs, hello.model)
+        offered = (
+            hello.version, hello.block_size, hello.max_num_seqs, hello.model, hello.vocab_size
+        )  # fmt: skip
         if offered != self.expected:
             return (
-                f"executor offers (version, block_size, max_num_seqs, model) = {offered}; "
-                f"this scheduler runs {self.expected}"
+                f"executor offers (version, block_size, max_num_seqs, model, vocab_size) = "
+                f"{offered}; this scheduler runs {self.expected}"
             )
         if not 0 <= hello.rank < self.num_executors:
             return f"rank {hello.rank} is outside 0..{self.num_executors - 1}"

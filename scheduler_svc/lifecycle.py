@@ -26,14 +26,18 @@ class SchedulerStats:
 
 
 class RequestLifecycle:
-    def __init__(self, config: SchedulerConfig, eos_token_id: int) -> None:
+    def __init__(self, config: SchedulerConfig, eos_token_id: int, vocab_size: int) -> None:
         self.config = config
         self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size
         self.by_priority = config.policy == "priority"
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
         self.prefix_cache = PrefixCache(self.pool, self.batch)
         self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
+        # Requests that were computing their prompt when an executor failed: they run one at a
+        # time, so a second failure names the one that causes it.
+        self.suspects = FcfsQueue()
         self.requests: dict[int, Request] = {}
         self.stats = SchedulerStats()
         self.step = 0
@@ -52,6 +56,10 @@ class RequestLifecycle:
         return bool(self.requests)
 
     @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.suspects)
+
+    @property
     def rows_leaving_with_next_plan(self) -> list[int]:
         """Requests that left the batch since the last plan; the executor still holds them."""
         return list(self._removed)
@@ -61,9 +69,9 @@ class RequestLifecycle:
         cfg = self.config
         if msg.req_id in self.requests:
             raise ValueError(f"request id {msg.req_id} is already in use")
-        if msg.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        req = Request.from_message(msg, self._arrivals, self.eos_token_id, cfg.max_model_len)
+        req = Request.from_message(
+            msg, self._arrivals, self.eos_token_id, cfg.max_model_len, self.vocab_size
+        )
         if not 0 < req.num_prompt_tokens < cfg.max_model_len:
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "
@@ -88,17 +96,20 @@ class RequestLifecycle:
         req = self.requests.get(req_id)
         if req is None:
             return
-        if req.status is Status.RUNNING:
-            self._drop_row(self.batch.slot_of[req_id], keep_tokens=False)
-        else:
-            self.waiting.discard(req)
-        self._end(req, "abort")
+        self._leave(req, "abort")
         self._retire_padding()
 
-    def restart(self, num_blocks: int) -> None:
+    def restart(self, num_blocks: int, failure: str = "") -> None:
         """The executors' KV cache is gone (an executor died or was replaced): every running
         request goes back to the front of the waiting queue with its tokens, to be recomputed,
-        and the block pool and prefix cache start empty."""
+        and the block pool and prefix cache start empty.
+
+        With a `failure` (the executor died running the step in flight), the rows it blames
+        (`_blame`) become suspects: one at a time, each computes its prompt with no other, and
+        one blamed twice ends as "failed", so a request that kills its executor cannot take the
+        service down."""
+        if failure and self._in_flight:
+            self._blame(failure)
         slots = self.batch.order.tolist()
         released = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
         running = [req for req in released if req.status is Status.RUNNING]
@@ -112,7 +123,7 @@ class RequestLifecycle:
         for req in sorted(running, key=lambda r: r.rank(self.by_priority), reverse=True):
             req.status = Status.WAITING
             req.num_preemptions += 1
-            self.waiting.push_front(req)
+            self._queue_of(req).push_front(req)
         self._removed, self._prefilling = [], []
         self._in_flight = False
         for req_id in self._pending_aborts:
@@ -122,11 +133,7 @@ class RequestLifecycle:
     def fail_all(self, error: str) -> None:
         """End every live request as "unavailable" (after `restart`, none is running)."""
         for req in list(self.requests.values()):
-            if req.status is Status.RUNNING:
-                self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
-            else:
-                self.waiting.discard(req)
-            self._end(req, "unavailable", error)
+            self._leave(req, "unavailable", error)
 
     def expire_waiting(self, now: float, max_wait: float) -> None:
         """End, as "overloaded", requests that have waited more than `max_wait` without ever
@@ -134,8 +141,7 @@ class RequestLifecycle:
         for req in list(self.requests.values()):
             stale = now - req.arrived_at > max_wait
             if stale and req.status is Status.WAITING and req.num_preemptions == 0:
-                self.waiting.discard(req)
-                self._end(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
+                self._leave(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
 
     def take_finished(self) -> list[Finished]:
         """Endings that happened outside a step (aborts), for the caller to report."""
@@ -149,8 +155,34 @@ class RequestLifecycle:
         req = self._drop_row(slot, keep_tokens=True)
         req.status = Status.WAITING
         req.num_preemptions += 1
-        self.waiting.push_front(req)
+        self._queue_of(req).push_front(req)
         self.stats.num_preemptions += 1
+
+    def _queue_of(self, req: Request) -> FcfsQueue | PriorityQueue:
+        return self.suspects if req.crashes else self.waiting
+
+    def _blame(self, failure: str) -> None:
+        """The rows that computed prompt tokens in the failed step (or every row if none did),
+        and the running suspect, are one failure closer to being ended."""
+        order = self.batch.order.tolist()
+        rows = set(self._prefilling or order)
+        rows |= {slot for slot in order if (req := self.batch.requests[slot]) and req.crashes}
+        for slot in rows:
+            req = self.batch.requests[slot]
+            if req is None or req.status is not Status.RUNNING:
+                continue
+            req.crashes += 1
+            if req.crashes >= 2:
+                error = f"its executor failed twice while computing it; last: {failure}"
+                self._leave(req, "failed", error)
+
+    def _leave(self, req: Request, reason: str, error: str = "") -> None:
+        """End a live request wherever it is: its row dropped, or out of its queue."""
+        if req.status is Status.RUNNING:
+            self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
+        else:
+            self._queue_of(req).discard(req)
+        self._end(req, reason, error)
 
     def _drop_row(self, slot: int, keep_tokens: bool) -> Request:
         if self.pool.enable_caching:

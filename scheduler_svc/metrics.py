@@ -46,7 +46,7 @@ class SchedulerMetrics:
         stats = scheduler.stats
         pool = scheduler.pool
         self.running.set(len(scheduler.batch))
-        self.waiting.set(len(scheduler.waiting))
+        self.waiting.set(scheduler.num_waiting)
         self.kv_usage.set(pool.num_used / pool.num_blocks)
         self.kv_free.set(pool.num_free)
         self.kv_total.set(pool.num_blocks)

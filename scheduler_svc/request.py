@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +13,7 @@ from shared.protocol import AddRequest, SamplingParams, unpack_ids
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
 _PRIORITY_LIMIT = 1 << 20
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 class Status(enum.Enum):
@@ -36,14 +38,15 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
+    crashes: int = 0  # executor failures in steps that computed its prompt (a suspect if > 0)
 
     @classmethod
     def from_message(
-        cls, msg: AddRequest, arrival: int, eos_token_id: int, max_model_len: int
+        cls, msg: AddRequest, arrival: int, eos_token_id: int, max_model_len: int, vocab_size: int
     ) -> Request:
+        """Raises ValueError, naming the field, for anything the executor could not run."""
         prompt = unpack_ids(msg.prompt_ids).copy()
-        if not -_PRIORITY_LIMIT <= msg.priority < _PRIORITY_LIMIT:
-            raise ValueError(f"priority must lie in [{-_PRIORITY_LIMIT}, {_PRIORITY_LIMIT})")
+        _check(msg, prompt, vocab_size)
         return cls(
             req_id=msg.req_id,
             token_ids=prompt,
@@ -59,3 +62,25 @@ class Request:
     def rank(self, by_priority: bool) -> int:
         priority = self.priority + _PRIORITY_LIMIT if by_priority else 0
         return (priority << _ARRIVAL_BITS) | self.arrival
+
+
+def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:
+    if len(prompt) and not (prompt.min() >= 0 and prompt.max() < vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+    if any(not 0 <= t < vocab_size for t in msg.stop_token_ids):
+        raise ValueError(f"stop_token_ids must lie in [0, {vocab_size})")
+    if msg.max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    if not -_PRIORITY_LIMIT <= msg.priority < _PRIORITY_LIMIT:
+        raise ValueError(f"priority must lie in [{-_PRIORITY_LIMIT}, {_PRIORITY_LIMIT})")
+    sampling = msg.sampling
+    if not (math.isfinite(sampling.temperature) and sampling.temperature >= 0):
+        raise ValueError("temperature must be a finite number >= 0")
+    if not (math.isfinite(sampling.top_p) and 0 < sampling.top_p <= 1):
+        raise ValueError("top_p must lie in (0, 1]")
+    if sampling.top_k < 0:
+        raise ValueError("top_k must be >= 0 (0: no limit)")
+    if sampling.seed is not None and not -(2**63) <= sampling.seed < 2**64:
+        raise ValueError("seed must fit in 64 bits")
+    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"logprobs must lie in [0, {MAX_LOGPROBS}]")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler_svc.lifecycle import RequestLifecycle
+from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
 from shared.batch_table import cdiv
 from shared.protocol import (
     BatchPlan,
     EngineOutputs,
+    FrameError,
     NewRequest,
     StepResult,
     pack_ids,
@@ -37,6 +39,24 @@ def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
 
 
 class Scheduler(RequestLifecycle):
+    def wants_step(self, now: float) -> bool:
+        """Whether to step now: there is work, and no static batch is still filling. A static
+        server opens its next batch once it is full or its first request has waited the fill
+        timeout, so requests sent together share a batch, as at a static server with a
+        batching window (and as `bench compare`'s ideal ratio assumes), even though they reach
+        the scheduler one by one."""
+        config = self.config
+        if not self.has_work:
+            return False
+        if (
+            config.static_batching is None
+            or len(self.batch)
+            or self.num_waiting >= config.max_num_seqs
+        ):
+            return True
+        first = self.waiting.peek()
+        return first is None or now - first.arrived_at >= config.static_fill_timeout
+
     def schedule(self) -> BatchPlan:
         if self._in_flight:
             raise RuntimeError("schedule() called again before update()")
@@ -57,7 +77,8 @@ class Scheduler(RequestLifecycle):
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
         closed = preempted or (self.config.static_batching is not None and len(rows) > 0)
-        new = [] if closed else self._admit(budget)
+        prefilling = bool(len(overridden)) and bool((scheduled[overridden] > 0).any())
+        new = [] if closed else self._admit(budget, prefilling)
         plan = BatchPlan(
             step=self.step,
             removed=pack_ids(self._removed),
@@ -102,8 +123,9 @@ class Scheduler(RequestLifecycle):
         return rows, scheduled, new_block_ids, preempted
 
     def update(self, result: StepResult) -> EngineOutputs:
+        """Raises FrameError, changing nothing, for a result that does not fit the step."""
         if not self._in_flight or result.step != self.step:
-            raise ValueError(f"result for step {result.step}; step {self.step} is in flight")
+            raise FrameError(f"result for step {result.step}; step {self.step} is in flight")
         batch = self.batch
         rows = batch.order
         computed = batch.num_computed[rows]
@@ -112,7 +134,11 @@ class Scheduler(RequestLifecycle):
         sampling = rows[caught_up]
         sampled = unpack_ids(result.sampled)
         if len(sampled) != len(sampling):
-            raise ValueError(f"{len(sampled)} sampled ids for {len(sampling)} sampling rows")
+            raise FrameError(f"{len(sampled)} sampled ids for {len(sampling)} sampling rows")
+        if len(sampled) and not (sampled.min() >= 0 and sampled.max() < self.vocab_size):
+            raise FrameError(f"sampled ids outside the vocabulary [0, {self.vocab_size})")
+        if result.logprobs and len(result.logprobs) != len(sampled):
+            raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
         self._in_flight = False
         length = known[caught_up] + 1
         batch.tokens[sampling, length - 1] = sampled
@@ -148,11 +174,12 @@ class Scheduler(RequestLifecycle):
             logprobs=logprobs,
         )
 
-    def _admit(self, budget: int) -> list[NewRequest]:
+    def _admit(self, budget: int, prefilling: bool) -> list[NewRequest]:
         new: list[NewRequest] = []
         block_size = self.config.block_size
+        queue = self._admission_queue(prefilling)
         while budget > 0 and len(self.batch) < self.config.max_num_seqs:
-            req = self.waiting.peek()
+            req = queue.peek()
             if req is None:
                 break
             cached = self.prefix_cache.lookup(req)
@@ -162,7 +189,7 @@ class Scheduler(RequestLifecycle):
             idle_cached = sum(1 for block in cached if self.pool.ref_count[block] == 0)
             if need + idle_cached > self.pool.num_free:
                 break
-            self.waiting.pop()
+            queue.pop()
             self.pool.share(cached)
             blocks = cached + self.pool.allocate(need).tolist()
             slot = self.batch.admit(req, blocks, num_cached, self.by_priority)
@@ -182,7 +209,18 @@ class Scheduler(RequestLifecycle):
                 )
             )
             budget -= count
+            if queue is self.suspects:
+                break  # its prompt computes alone: a failure of this step names it
         return new
+
+    def _admission_queue(self, prefilling: bool) -> FcfsQueue | PriorityQueue:
+        """The suspects' queue while no suspect runs and no other prompt is computing, so each
+        suspect's prompt computes alone; otherwise the waiting queue."""
+        if not len(self.suspects) or prefilling:
+            return self.waiting
+        running = (self.batch.requests[slot] for slot in self.batch.order.tolist())
+        alone = not any(req is not None and req.crashes for req in running)
+        return self.suspects if alone else self.waiting
 
     def _allocate_or_preempt(
         self, rows: np.ndarray, scheduled: np.ndarray, need: np.ndarray

@@ -9,28 +9,29 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from scheduler_svc.executor_link import ExecutorLink
+from scheduler_svc.gateway_link import LOCAL_ID_BITS, GatewayLink
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.scheduler import Scheduler
-from shared.config import SchedulerConfig, StaticBatching
+from scheduler_svc.service_config import SchedulerServiceConfig
+from shared.config import SchedulerConfig
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
     AbortRequest,
     AddRequest,
     EngineOutputs,
-    Finished,
+    FrameError,
     Heartbeat,
     Register,
     RegisterReply,
     SchedulerStatus,
+    StepFailed,
     StepResult,
-    ToScheduler,
 )
-from shared.zmq_io import FrameCodec, make_socket
 
 log = logging.getLogger(__name__)
 
@@ -38,43 +39,17 @@ STATUS_INTERVAL = 0.5
 PROBE_DELAY = 0.2  # a second probe, in case the first ran before the peer's pipe closed
 
 
-@dataclass(slots=True, frozen=True)
-class SchedulerServiceConfig:
-    requests_address: str  # bound PULL: gateways push AddRequest / AbortRequest
-    outputs_address: str  # bound PUSH: EngineOutputs and SchedulerStatus to the gateway
-    executors_address: str  # bound ROUTER: executors register, take plans, return results
-    model: str
-    eos_token_id: int
-    num_executors: int = 1
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = True
-    static_batching: StaticBatching | None = None
-    static_fill_timeout: float = 1.0  # seconds; see `_filling_static_batch`
-    max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
-    queue_timeout: float | None = None  # requests waiting longer never to run: HTTP 429
-    step_timeout: float = 60.0  # a step not answered by then counts as a lost executor
-    executor_timeout: float = 30.0  # requests fail if no executor is back by then
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-
-
 class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
-        context = zmq.Context.instance()
-        self.requests = make_socket(context, zmq.PULL, config.requests_address, bind=True)
-        self.outputs = make_socket(context, zmq.PUSH, config.outputs_address, bind=True)
-        self.request_codec: FrameCodec[ToScheduler] = FrameCodec(ToScheduler, "scheduler.requests")
+        self.gateways = GatewayLink(config.gateway_address)
         self.link = ExecutorLink(
             config.executors_address,
             config.num_executors,
             config.block_size,
             config.max_num_seqs,
             config.model,
+            config.vocab_size,
         )
         self.metrics = SchedulerMetrics()
         self.scheduler: Scheduler | None = None
@@ -88,19 +63,25 @@ class SchedulerService:
         if self.config.metrics_port is not None:
             serve_metrics(self.config.metrics_port, self.config.metrics_host)
         poller = zmq.Poller()
-        poller.register(self.requests, zmq.POLLIN)
-        poller.register(self.link.socket, zmq.POLLIN)
-        poller.register(self.link.disconnects, zmq.POLLIN)
+        for socket in (
+            self.gateways.socket, self.gateways.disconnects, self.link.socket,
+            self.link.disconnects,
+        ):  # fmt: skip
+            poller.register(socket, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
             if self.link.disconnects in ready:
                 self.link.disconnects.recv_multipart()
                 self._probe_executors()
                 self._probe_at = time.monotonic() + PROBE_DELAY
+            if self.gateways.disconnects in ready:
+                self.gateways.disconnects.recv_multipart()
+                self._send_status()  # a send to a gateway that is gone finds it
+                self._probe_at = time.monotonic() + PROBE_DELAY
             if self.link.socket in ready:
                 self._drain_executors()
             self._check_timeouts()
-            if self.requests in ready:
+            if self.gateways.socket in ready:
                 self._drain_requests()
             self._maybe_step()
             if time.monotonic() - self._last_status >= STATUS_INTERVAL:
@@ -111,13 +92,16 @@ class SchedulerService:
         return self.scheduler is not None and self.link.complete
 
     def _executor_lost(self, why: str) -> None:
+        """Every executor is dropped (they re-register) and the running rows re-queued; with a
+        step in flight, `why` is its failure, for the quarantine of `Scheduler.restart`."""
         if not self.link.peers or self.scheduler is None:
             return
         log.error("%s: re-queueing %d running requests", why, len(self.scheduler.batch))
         self.link.peers.clear()
         self.in_flight = None
         self.lost_since = time.monotonic()
-        self.scheduler.restart(self.scheduler.pool.num_blocks)
+        self.scheduler.restart(self.scheduler.pool.num_blocks, failure=why)
+        self._flush_finished()
         self._send_status()
 
     def _probe_executors(self) -> None:
@@ -134,6 +118,7 @@ class SchedulerService:
         if self._probe_at is not None and now >= self._probe_at:
             self._probe_at = None
             self._probe_executors()
+            self._send_status()
         if self.in_flight is not None and now - self.in_flight[1] > self.config.step_timeout:
             self._executor_lost(f"step {self.in_flight[0]} unanswered")
         if self.lost_since is not None and now - self.lost_since > self.config.executor_timeout:
@@ -145,47 +130,68 @@ class SchedulerService:
             self.lost_since = None
 
     def _drain_requests(self) -> None:
-        while self.requests.poll(0):
-            message = self.request_codec.decode(self.requests.recv())
-            if message is None:
-                continue
-            if not self.ready:
-                if isinstance(message, AddRequest):
-                    self._fail(message.req_id, "no executor is ready", "unavailable")
-                continue
-            if isinstance(message, AbortRequest):
-                self.scheduler.abort(message.req_id)
-                continue
-            if message.req_id in self.scheduler.requests:
+        for slot, message in self.gateways.receive():
+            if isinstance(message, Heartbeat):
+                continue  # a gateway's sign of life: receiving it attached the gateway
+            key = self.gateways.key(slot, message.req_id)
+            if key is None:
+                self.gateways.codec.count_malformed(f"request id {message.req_id} out of range")
+            elif isinstance(message, AbortRequest):
+                if self.scheduler is not None:  # honoured in every state
+                    self.scheduler.abort(key)
+            elif not self.ready:
+                self.gateways.refuse(slot, message.req_id, "unavailable", "no executor is ready")
+            elif key in self.scheduler.requests:
                 # A replayed or duplicated frame: failing the id would end the live request.
-                self.request_codec.count_malformed("a second AddRequest for a live request id")
-                continue
-            limit = self.config.max_waiting
-            if limit is not None and len(self.scheduler.waiting) >= limit:
-                self._fail(message.req_id, f"{limit} requests are already waiting", "overloaded")
-                continue
-            try:
-                self.scheduler.add_request(message, now=time.monotonic())
-            except ValueError as exc:
-                self._fail(message.req_id, str(exc))
+                self.gateways.codec.count_malformed("a second AddRequest for a live request id")
+            else:
+                self._add(slot, key, message)
         if self.scheduler is not None and self.in_flight is None:
             self._flush_finished()
 
+    def _add(self, slot: int, key: int, message: AddRequest) -> None:
+        assert self.scheduler is not None
+        limit = self.config.max_waiting
+        if limit is not None and self.scheduler.num_waiting >= limit:
+            error = f"{limit} requests are already waiting"
+            self.gateways.refuse(slot, message.req_id, "overloaded", error)
+            return
+        try:
+            self.scheduler.add_request(
+                msgspec.structs.replace(message, req_id=key), now=time.monotonic()
+            )
+        except ValueError as exc:
+            self.gateways.refuse(slot, message.req_id, "error", str(exc))
+
     def _drain_executors(self) -> None:
         for identity, message in self.link.receive():
+            rank = self.link.rank_of(identity)
             if isinstance(message, Register):
                 self._register(identity, message)
+            elif rank is None:
+                if isinstance(message, Heartbeat):
+                    reply = RegisterReply(False, "unknown executor", retry=True)
+                    self.link.send_to(identity, reply)
+                else:
+                    self.link.codec.count_malformed("a result from an unregistered executor")
+            elif isinstance(message, StepResult | StepFailed) and rank != 0:
+                self.link.codec.count_malformed(f"a result from rank {rank}; rank 0 answers")
+            elif isinstance(message, StepFailed):
+                self._executor_lost(f"executor rank 0 failed step {message.step}: {message.error}")
             elif isinstance(message, StepResult):
                 self._finish_step(message)
-            elif isinstance(message, Heartbeat) and identity not in self.link.peers.values():
-                reply = RegisterReply(False, "unknown executor (the scheduler restarted)")
-                self.link.send_to(identity, reply)
 
     def _register(self, identity: bytes, hello: Register) -> None:
         config = self.config
         reason = self.link.refusal(hello)
+        other = self.link.peers.get(hello.rank) not in (None, identity)
+        retry = not reason and other and self.link.alive(hello.rank)
+        if retry:
+            reason = f"rank {hello.rank} is served by a live executor"
+        elif not reason and hello.rank in self.link.peers:
+            self._executor_lost(f"executor rank {hello.rank} registered again")
         first_step = self.scheduler.step + 1 if self.scheduler else 1
-        self.link.send_to(identity, RegisterReply(not reason, reason, first_step))
+        self.link.send_to(identity, RegisterReply(not reason, reason, first_step, retry))
         if reason:
             log.error("refused an executor: %s", reason)
             return
@@ -206,8 +212,10 @@ class SchedulerService:
                     policy=config.policy,  # type: ignore[arg-type]
                     enable_prefix_caching=config.enable_prefix_caching,
                     static_batching=config.static_batching,
+                    static_fill_timeout=config.static_fill_timeout,
                 ),
                 eos_token_id=config.eos_token_id,
+                vocab_size=config.vocab_size,
             )
             self._send_status()
 
@@ -215,7 +223,7 @@ class SchedulerService:
         scheduler = self.scheduler
         if scheduler is None or not self.ready or self.in_flight is not None:
             return
-        if not scheduler.has_work or self._filling_static_batch(scheduler):
+        if not scheduler.wants_step(time.monotonic()):
             return
         started = time.perf_counter()
         plan_bytes, unreachable = self.link.broadcast(scheduler.schedule())
@@ -225,36 +233,24 @@ class SchedulerService:
         if unreachable is not None:
             self._executor_lost(f"executor rank {unreachable} cannot take plans")
 
-    def _filling_static_batch(self, scheduler: Scheduler) -> bool:
-        """Whether a static server should wait for more requests before opening its next
-        batch. It waits until the batch is full or its first request has waited the fill
-        timeout, so requests sent together share a batch, as at a static server with a batching
-        window (and as `bench compare`'s ideal ratio assumes), even though they reach the
-        scheduler one by one."""
-        config = self.config
-        if config.static_batching is None or len(scheduler.batch) > 0:
-            return False
-        if len(scheduler.waiting) >= config.max_num_seqs:
-            return False
-        first = scheduler.waiting.peek()
-        waited = time.monotonic() - first.arrived_at if first is not None else 0.0
-        return first is not None and waited < config.static_fill_timeout
-
     def _finish_step(self, result: StepResult) -> None:
         scheduler = self.scheduler
         if scheduler is None or self.in_flight is None or result.step != self.in_flight[0]:
             log.warning("dropped a result for step %d, which is not in flight", result.step)
             return
         received = time.perf_counter()
+        try:
+            outputs = scheduler.update(result)
+        except FrameError as exc:
+            # From the registered rank 0, so its batch no longer matches ours: start again.
+            self.link.codec.count_malformed(str(exc))
+            self._executor_lost(f"step {result.step}'s result did not fit the step: {exc}")
+            return
         self.metrics.executor_seconds.observe(received - self.in_flight[1])
         self.in_flight = None
-        outputs = scheduler.update(result)
         self.metrics.step_seconds.observe(time.perf_counter() - received)
         self._send_outputs(outputs)
         self._maybe_step()
-
-    def _fail(self, req_id: int, error: str, reason: str = "error") -> None:
-        self._send_outputs(EngineOutputs(step=0, finished=[Finished(req_id, reason, error)]))
 
     def _flush_finished(self) -> None:
         assert self.scheduler is not None
@@ -265,27 +261,28 @@ class SchedulerService:
     def _send_outputs(self, outputs: EngineOutputs) -> None:
         for ended in outputs.finished:
             self.metrics.finished.labels(ended.reason).inc()
-        self._send_to_gateway(outputs)
+        self.gateways.send_outputs(outputs)
 
     def _send_status(self) -> None:
+        """Status to every gateway; a gateway found gone has its requests ended."""
         self._last_status = time.monotonic()
         scheduler = self.scheduler
-        if scheduler is not None:
-            self.metrics.observe(scheduler)
         pool = scheduler.pool if scheduler else None
         status = SchedulerStatus(
             instance=self.instance,
             ready=self.ready,
             num_running=len(scheduler.batch) if scheduler else 0,
-            num_waiting=len(scheduler.waiting) if scheduler else 0,
+            num_waiting=scheduler.num_waiting if scheduler else 0,
             kv_cache_usage=pool.num_used / pool.num_blocks if pool else 0.0,
         )
-        self._send_to_gateway(status)
-
-    def _send_to_gateway(self, message: EngineOutputs | SchedulerStatus) -> None:
-        # Never block the loop on a missing or stalled gateway: with no one to read them,
-        # these messages have no reader to lose.
-        try:
-            self.outputs.send(self.request_codec.encode(message), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.debug("no gateway is reading; dropped a %s", type(message).__name__)
+        gone = self.gateways.broadcast(status)
+        if gone and scheduler is not None:
+            orphans = [key for key in scheduler.requests if key >> LOCAL_ID_BITS in gone]
+            log.warning("a gateway is gone; aborting its %d requests", len(orphans))
+            for key in orphans:
+                scheduler.abort(key)
+            if self.in_flight is None:
+                self._flush_finished()
+        self.gateways.release(scheduler.requests if scheduler else ())
+        if scheduler is not None:
+            self.metrics.observe(scheduler)

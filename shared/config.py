@@ -24,6 +24,7 @@ class SchedulerConfig:
     policy: Policy = "fcfs"
     enable_prefix_caching: bool = True
     static_batching: StaticBatching | None = None
+    static_fill_timeout: float = 1.0  # seconds a static batch waits to fill
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:

@@ -11,9 +11,13 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 ID_DTYPE: Final = np.dtype("<i4")
+
+
+class FrameError(ValueError):
+    """A frame that decoded but whose fields do not fit together; the receiver drops it."""
 
 
 def pack_ids(ids: np.ndarray | list[int]) -> bytes:
@@ -21,6 +25,8 @@ def pack_ids(ids: np.ndarray | list[int]) -> bytes:
 
 
 def unpack_ids(raw: bytes) -> np.ndarray:
+    if len(raw) % ID_DTYPE.itemsize:
+        raise FrameError(f"an id array of {len(raw)} bytes is not a whole number of ids")
     return np.frombuffer(raw, dtype=ID_DTYPE)
 
 
@@ -76,8 +82,19 @@ class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     logprobs: list[list[tuple[int, float]]] = []
 
 
+class StepFailed(msgspec.Struct, array_like=True, frozen=True, tag=10):
+    """The executor could not run this step (`error` names the exception) and is exiting:
+    the scheduler re-queues the step's rows and holds the ones that were computing their prompt
+    as suspects (see `RequestLifecycle.restart`)."""
+
+    step: int
+    error: str
+
+
 class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=3):
-    """A tokenized request entering the scheduler. `priority`: lower runs earlier, as in vLLM."""
+    """A tokenized request entering the scheduler. `req_id` is the sending gateway's own
+    (below 2**24): the scheduler keys it by gateway too, so ids never collide across gateways or
+    their restarts. `priority`: lower runs earlier, as in vLLM."""
 
     req_id: int
     prompt_ids: bytes
@@ -89,12 +106,15 @@ class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
 
 
 class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
+    """End a request of the sending gateway's; another gateway's ids are out of its reach."""
+
     req_id: int
 
 
 class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """How a request ended: "stop", "length", "abort", or refused: "error" (invalid),
-    "overloaded" (the waiting queue is full), "unavailable" (no executor); `error` says why."""
+    "overloaded" (the waiting queue is full), "unavailable" (no executor), "failed" (its
+    executor died twice while running it); `error` says why."""
 
     req_id: int
     reason: str
@@ -117,6 +137,7 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
     version: int
     rank: int
     model: str
+    vocab_size: int
     num_blocks: int
     block_size: int
     max_num_seqs: int
@@ -124,16 +145,19 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
 
 
 class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):
-    """Accepted: the first plan will carry `first_step`. Refused: `reason` says why; an
-    executor the scheduler does not know (the scheduler restarted) registers again."""
+    """Accepted: the first plan will carry `first_step`. Refused: `reason` says why; with
+    `retry` the executor registers again a moment later (the scheduler restarted and does not
+    know it, or its rank's previous process is not yet seen gone), else it exits."""
 
     accepted: bool
     reason: str = ""
     first_step: int = 1
+    retry: bool = False
 
 
 class Heartbeat(msgspec.Struct, array_like=True, frozen=True, tag=9):
-    """An idle executor's sign of life, once a second; from the scheduler, a probe."""
+    """An idle executor's sign of life, once a second; a gateway's (rank 0), which also
+    introduces it to a scheduler that restarted; from the scheduler, a probe."""
 
     rank: int
 
@@ -150,7 +174,7 @@ class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
     kv_cache_usage: float
 
 
-ToScheduler = AddRequest | AbortRequest
+ToScheduler = AddRequest | AbortRequest | Heartbeat
 FromScheduler = EngineOutputs | SchedulerStatus
-ExecutorToScheduler = Register | StepResult | Heartbeat
+ExecutorToScheduler = Register | StepResult | StepFailed | Heartbeat
 SchedulerToExecutor = RegisterReply | BatchPlan | Heartbeat

@@ -35,6 +35,10 @@ class Tokenizer:
         self.backend = _load_backend(model)
         self.info = info
         self.vocab_size = self.backend.get_vocab_size()
+        # No token stands for more characters than its longest vocabulary entry (x4 for a
+        # normalizer that composes characters): a text over max_model_len times this is
+        # refused before it is tokenized.
+        self.max_chars_per_token = 4 * max(map(len, self.backend.get_vocab()))
         self._template = None
         if info.chat_template:
             environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -43,7 +47,9 @@ class Tokenizer:
             self._template = environment.from_string(info.chat_template)
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        # The batch call releases the GIL (encode holds it: 3 s for 3 MB), so a gateway thread
+        # tokenizing leaves its event loop running.
+        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.backend.decode(token_ids, skip_special_tokens=True)

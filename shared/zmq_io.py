@@ -1,10 +1,14 @@
-"""ZeroMQ plumbing shared by the services: sockets bound to loopback unless told otherwise,
-and decoding that validates every frame and drops (logs, counts) the malformed ones."""
+"""ZeroMQ plumbing shared by the services: sockets on IPC paths in a private directory unless
+told otherwise, and decoding that validates every frame and drops (logs, counts) the malformed
+ones."""
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -45,6 +49,47 @@ class FrameCodec(Generic[T]):
     def count_malformed(self, why: str) -> None:
         self._malformed.inc()
         log.warning("dropped a frame on %s: %s", self.socket_name, why)
+
+    def receive_routed(self, socket: zmq.Socket) -> Iterator[tuple[bytes, T]]:
+        """Every waiting message on a ROUTER socket with its sender's identity; a frame that is
+        not exactly [identity, message], or does not decode, is counted and dropped."""
+        while socket.poll(0):
+            parts = socket.recv_multipart()
+            if len(parts) != 2:
+                self.count_malformed(f"a message of {len(parts) - 1} parts, not 1")
+                continue
+            message = self.decode(parts[1])
+            if message is not None:
+                yield parts[0], message
+
+
+RUN_DIR_ENV = "TURNSTILE_RUN_DIR"
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, created 0700 if absent; refused if another user owns it or may enter it, so no
+    other local user can reach the IPC sockets inside."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise RuntimeError(
+            f"{path} must be a directory of this user's with mode 0700 (it holds the services' "
+            f"sockets); it is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}"
+        )
+    return path
+
+
+def default_run_dir() -> Path:
+    """Where services started one by one on this host meet: $TURNSTILE_RUN_DIR, else
+    $XDG_RUNTIME_DIR/turnstile, else /tmp/turnstile-<uid>."""
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "turnstile" if runtime else Path(f"/tmp/turnstile-{os.getuid()}")
+
+
+def ipc_address(run_dir: Path, name: str) -> str:
+    return f"ipc://{run_dir / name}"
 
 
 CURVE_ENV = "TURNSTILE_CURVE_SECRET_KEY"
@@ -90,12 +135,18 @@ def _secure(context: zmq.Context, socket: zmq.Socket, bind: bool) -> None:
         _authenticators[id(context)] = authenticator
 
 
-def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
+def make_socket(
+    context: zmq.Context, kind: int, address: str, bind: bool, routing_id: bytes | None = None
+) -> zmq.Socket:
     socket = context.socket(kind)
+    if routing_id is not None:
+        socket.setsockopt(zmq.ROUTING_ID, routing_id)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     _secure(context, socket, bind)
     if bind:
+        if address.startswith("ipc://"):
+            private_dir(Path(address.removeprefix("ipc://")).parent)
         socket.bind(address)
     else:
         socket.connect(address)

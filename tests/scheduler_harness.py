@@ -45,7 +45,7 @@ def expected_output(seed: int, script_len: int, limit: int) -> tuple[list[int], 
 class Harness:
     def __init__(self, config: SchedulerConfig, script_len: dict[int, int]) -> None:
         self.config = config
-        self.scheduler = Scheduler(config, eos_token_id=EOS)
+        self.scheduler = Scheduler(config, eos_token_id=EOS, vocab_size=VOCAB)
         self.executor = SimulatedExecutor(
             config.max_num_seqs,
             config.max_model_len,

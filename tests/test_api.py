@@ -135,6 +135,14 @@ def test_greedy_over_http_equals_turnstile_generate(client: openai.OpenAI, tmp_p
         ("/v1/completions", b'{"prompt": "x", "model": "gpt-9"}', 404, "does not exist"),
         ("/v1/completions", b'{"prompt": "x", "max_tokens": 9000}', 400, "maximum context"),
         ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
+        ("/v1/completions", b'{"prompt": "\xff\xfe caf\xe9"}', 400, "not valid JSON"),
+        (
+            "/v1/completions",
+            b'{"prompt": "x", "x": ' + b"[" * 999 + b"]" * 999 + b"}",
+            400,
+            "request",
+        ),
+        ("/v1/completions", b'{"prompt": "' + b"ab " * 1_200_000 + b'"}', 400, "characters"),
         ("/v1/nothing", b"{}", 404, "Not Found"),
     ],
 )

@@ -51,12 +51,13 @@ def test_zmq_addresses_agree_between_services() -> None:
     env = compose()["x-turnstile"]["environment"]
     scheduler = build_parser().parse_args(services["scheduler"]["command"])
     for bound, used in (
-        (scheduler.requests_address, env["TURNSTILE_REQUESTS"]),
-        (scheduler.outputs_address, env["TURNSTILE_OUTPUTS"]),
+        (scheduler.scheduler_address, env["TURNSTILE_SCHEDULER"]),
         (scheduler.executors_address, env["TURNSTILE_EXECUTORS"]),
     ):
         assert bound.rsplit(":", 1)[1] == used.rsplit(":", 1)[1]
         assert used.startswith("tcp://scheduler:")
+    # TCP between containers: every link encrypted, and closed to peers without the key.
+    assert "TURNSTILE_CURVE_SECRET_KEY" in env
 
 
 def test_dashboard_queries_only_series_that_exist() -> None:

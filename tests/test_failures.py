@@ -125,3 +125,127 @@ def test_sigterm_drains_requests_under_way_before_stopping() -> None:
         text, errors = asyncio.run(stream_then_stop())
         assert server.process.wait(timeout=60) == 0
     assert not errors and len(text) > 20  # all 48 tokens arrived despite the SIGTERM
+
+
+def scheduler_idle_after(server: Server, started: float, limit: float = 10) -> float:
+    """Seconds from `started` until the scheduler holds no request and no block."""
+    while True:
+        series = server.scrape()
+        idle = series["turnstile:num_requests_running"] + series["turnstile:num_requests_waiting"]
+        free = series["turnstile:kv_cache_free_blocks"] == series["turnstile:kv_cache_total_blocks"]
+        if idle == 0 and free:
+            return time.monotonic() - started
+        assert time.monotonic() - started < limit, "the requests were never ended"
+        time.sleep(0.05)
+
+
+def short_completion(url: str) -> dict:
+    import urllib.request
+
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_a_restarted_gateway_gets_its_own_answers_and_its_predecessors_requests_end(
+    server: Server,
+) -> None:
+    own = short_completion(server.url)["choices"][0]["text"]
+
+    async def kill_gateway_under_load() -> float:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            streams = [asyncio.create_task(stream(session, server.url, p)) for p in PROMPTS[:4]]
+            await asyncio.sleep(1.5)  # the streams are under way
+            killed = time.monotonic()
+            kill_child(server, "gateway")
+            await asyncio.gather(*streams, return_exceptions=True)
+            return killed
+
+    aborts = 'turnstile:request_success_total{finished_reason="abort"}'
+    before = server.scrape().get(aborts, 0)
+    killed = asyncio.run(kill_gateway_under_load())
+    while server.scrape().get(aborts, 0) < before + 4:  # the dead gateway's requests ended
+        assert time.monotonic() - killed < 1.0
+        time.sleep(0.02)
+    scheduler_idle_after(server, killed)  # and their blocks are free
+    deadline = time.monotonic() + 60
+    while not healthy(server.url):  # the supervisor restarts the gateway
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    answer = short_completion(server.url)
+    assert answer["choices"][0]["text"] == own
+    assert answer["usage"]["completion_tokens"] == 16
+
+
+def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up() -> None:
+    poison_token = 48_000  # in no prompt but the poison's
+    env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(poison_token)}
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", env=env) as server:
+        undisturbed = asyncio.run(run_with_fault(server.url, None))
+
+        async def poison_beside_streams() -> tuple[list, int, dict]:
+            timeout = aiohttp.ClientTimeout(total=180)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                streams = [asyncio.create_task(stream(session, server.url, p)) for p in PROMPTS]
+                await asyncio.sleep(1.0)
+                body = {"model": MODEL, "prompt": [1, 2, poison_token], "max_tokens": 4}
+                async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                    status, error = response.status, (await response.json())["error"]
+                return await asyncio.gather(*streams), status, error
+
+        disturbed, status, error = asyncio.run(poison_beside_streams())
+        assert status == 500 and error["type"] == "server_error"
+        assert "failed twice" in error["message"] and "injected fault" in error["message"]
+        assert disturbed == undisturbed  # the other requests finished, recomputed exactly
+        assert server.process.poll() is None  # the service is still up, and answers
+        assert short_completion(server.url)["usage"]["completion_tokens"] == 16
+        wait_until_whole(server)
+
+
+def test_a_stalled_gateway_keeps_every_stream(server: Server) -> None:
+    undisturbed = asyncio.run(run_with_fault(server.url, None))
+    gateway = next(
+        c for c in psutil.Process(server.process.pid).children() if "gateway" in c.cmdline()
+    )
+
+    def stall() -> None:
+        gateway.suspend()  # SIGSTOP: longer than the scheduler-silence limit
+        time.sleep(5)
+        gateway.resume()
+
+    assert asyncio.run(run_with_fault(server.url, stall)) == undisturbed
+
+
+def test_requests_the_gateway_gives_up_on_are_aborted_not_left_running(server: Server) -> None:
+    scheduler = next(
+        c for c in psutil.Process(server.process.pid).children() if "scheduler" in c.cmdline()
+    )
+
+    def silence() -> None:
+        scheduler.suspend()  # the gateway hears nothing: it fails its streams, and aborts them
+        time.sleep(4.5)
+        scheduler.resume()
+
+    aborts = 'turnstile:request_success_total{finished_reason="abort"}'
+    before = server.scrape().get(aborts, 0)
+    results = asyncio.run(run_with_fault(server.url, silence))
+    failed = [errors for _, errors in results if errors]
+    assert failed and all("stopped answering" in e[0]["message"] for e in failed)
+    scheduler_idle_after(server, time.monotonic())
+    assert server.scrape()[aborts] - before == len(failed)  # none ran on to max_tokens
+
+
+def test_every_request_ends_by_its_deadline_with_an_error_and_is_aborted() -> None:
+    with launched_server("--num-blocks", "256", "--request-timeout", "1") as server:
+        results = asyncio.run(run_with_fault(server.url, None))
+        for text, errors in results:
+            assert text and [e["type"] for e in errors] == ["timeout"]
+            assert "did not finish within 1 s" in errors[0]["message"]
+        scheduler_idle_after(server, time.monotonic())
+        series = server.scrape()
+        assert series['turnstile:request_success_total{finished_reason="abort"}'] == len(PROMPTS)

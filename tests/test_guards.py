@@ -94,15 +94,18 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
     from shared.protocol import AbortRequest, AddRequest, StepResult, pack_ids
 
     context = zmq.Context.instance()
-    gateway_side = context.socket(zmq.PUSH)
+    gateway_side = context.socket(zmq.DEALER)
     executor_side = context.socket(zmq.DEALER)
-    gateway_side.connect(service.requests_address)
+    gateway_side.connect(service.scheduler_address)
     executor_side.connect(service.executors_address)
     valid = msgspec.msgpack.encode(AbortRequest(12345))
     garbage = [b"", b"\xc1", valid[:-1], b"\x00" * 1000, msgspec.msgpack.encode({"x": [1, 2]})]
     for frame in garbage:
         gateway_side.send(frame)
         executor_side.send(frame)
+    for side in (gateway_side, executor_side):  # two parts where one is expected
+        side.send_multipart([valid, valid])
+    garbage.append(b"two parts")
     gateway_side.send(valid)  # an abort for a request that does not exist: ignored
     executor_side.send(msgspec.msgpack.encode(StepResult(step=1)))  # a replayed old result
     deadline = time.monotonic() + 10
@@ -121,13 +124,13 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
     # A replayed AddRequest must not end the live request that owns its id.
     before = service.scrape()
     replayed = msgspec.msgpack.encode(
-        AddRequest(req_id=2_000_000_000, prompt_ids=pack_ids([5, 6, 7]), max_tokens=30)
+        AddRequest(req_id=1_000_000, prompt_ids=pack_ids([5, 6, 7]), max_tokens=30)
     )
     gateway_side.send(replayed)
     gateway_side.send(replayed)
     # An oversized frame (over 64 MiB) makes ZeroMQ drop that connection, nothing more.
-    oversized = context.socket(zmq.PUSH)
-    oversized.connect(service.requests_address)
+    oversized = context.socket(zmq.DEALER)
+    oversized.connect(service.scheduler_address)
     oversized.send(b"x" * (65 * 2**20))
     deadline = time.monotonic() + 20
     while True:
@@ -159,10 +162,12 @@ def test_a_mismatched_executor_is_refused_with_a_clear_reason(service: Server) -
         (dict(version=PROTOCOL_VERSION + 1), "version"),
         (dict(block_size=32), "block_size"),
         (dict(model="other-model"), "model"),
+        (dict(vocab_size=50000), "vocab_size"),
         (dict(rank=7), "rank 7"),
     ):
-        hello = dict(version=PROTOCOL_VERSION, rank=0, model=MODEL, num_blocks=64,
-                     block_size=16, max_num_seqs=32, max_model_len=8192) | wrong  # fmt: skip
+        hello = dict(version=PROTOCOL_VERSION, rank=0, model=MODEL, vocab_size=49152,
+                     num_blocks=64, block_size=16, max_num_seqs=32, max_model_len=8192,
+                     ) | wrong  # fmt: skip
         socket.send(msgspec.msgpack.encode(Register(**hello)))
         assert socket.poll(5000)
         reply = msgspec.msgpack.decode(socket.recv(), type=RegisterReply)
@@ -209,15 +214,15 @@ def test_curve_keys_encrypt_the_links_and_shut_out_peers_without_them(
         answer = client.completions.create(model=MODEL, prompt="Secure?", max_tokens=3)
         assert answer.usage.completion_tokens == 3  # gateway and executor hold the key
         # A peer without the key never completes the handshake: no pipe, nothing to send on.
-        intruder = zmq.Context.instance().socket(zmq.PUSH)
+        intruder = zmq.Context.instance().socket(zmq.DEALER)
         intruder.setsockopt(zmq.LINGER, 0)
         intruder.setsockopt(zmq.IMMEDIATE, 1)  # a pipe only once the handshake succeeds
-        intruder.connect(server.requests_address)
+        intruder.connect(server.scheduler_address)
         assert not intruder.poll(2000, zmq.POLLOUT)
         intruder.close()
         # One with the key does, on the same socket.
         monkeypatch.setenv("TURNSTILE_CURVE_SECRET_KEY", secret)
-        insider = make_socket(zmq.Context.instance(), zmq.PUSH, server.requests_address, False)
+        insider = make_socket(zmq.Context.instance(), zmq.DEALER, server.scheduler_address, False)
         assert insider.poll(5000, zmq.POLLOUT)
         insider.send(b"\xc1garbage")  # reaches the scheduler, which counts and drops it
         deadline = time.monotonic() + 10

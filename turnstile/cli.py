@@ -13,8 +13,6 @@ import sys
 
 from turnstile import bench_commands, services
 
-DEFAULT_BASE_PORT = 5601
-
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"TURNSTILE_{name}", default)
@@ -37,11 +35,17 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_addresses(parser: argparse.ArgumentParser) -> None:
-    base = DEFAULT_BASE_PORT
-    parser.add_argument("--requests-address", default=_env("REQUESTS", f"tcp://127.0.0.1:{base}"))
-    parser.add_argument("--outputs-address", default=_env("OUTPUTS", f"tcp://127.0.0.1:{base + 1}"))
+    where = "ipc:// in a private 0700 directory (serve: a new one; otherwise $TURNSTILE_RUN_DIR"
+    where += ", else $XDG_RUNTIME_DIR/turnstile, else /tmp/turnstile-UID); tcp:// across hosts"
     parser.add_argument(
-        "--executors-address", default=_env("EXECUTORS", f"tcp://127.0.0.1:{base + 2}")
+        "--scheduler-address",
+        default=os.environ.get("TURNSTILE_SCHEDULER"),
+        help=f"gateways reach the scheduler here (default: {where})",
+    )
+    parser.add_argument(
+        "--executors-address",
+        default=os.environ.get("TURNSTILE_EXECUTORS"),
+        help="executors reach the scheduler here (default: as --scheduler-address)",
     )
 
 
@@ -97,6 +101,12 @@ def _add_gateway_options(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' on /v1/ (default: TURNSTILE_API_KEY)",
     )
     parser.add_argument("--max-body-mb", type=float, default=4.0)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=float(_env("REQUEST_TIMEOUT", "1800")),
+        help="seconds after which a request still running is ended with an error (HTTP 504)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

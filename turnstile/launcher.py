@@ -8,18 +8,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
-
-
-@dataclass(slots=True)
-class Addresses:
-    requests: str
-    outputs: str
-    executors: str
-
-    @classmethod
-    def loopback(cls, base_port: int) -> Addresses:
-        return cls(*(f"tcp://127.0.0.1:{base_port + i}" for i in range(3)))
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[bytes]:

@@ -39,6 +39,7 @@ class OfflineEngine:
                 enable_prefix_caching=enable_prefix_caching,
             ),
             eos_token_id=self.runner.info.eos_token_id,
+            vocab_size=self.runner.info.vocab_size,
         )
 
     def generate(self, requests: list[AddRequest]) -> list[Completion]:

@@ -19,6 +19,18 @@ def model_path(args: argparse.Namespace) -> Path:
     return resolve_model_path(args.model)
 
 
+def addresses(args: argparse.Namespace, run_dir: Path | None = None) -> tuple[str, str]:
+    """The scheduler's two addresses: as given, else IPC paths in `run_dir` (by default the
+    host's private run directory)."""
+    from shared.zmq_io import default_run_dir, ipc_address
+
+    where = run_dir or default_run_dir()
+    return (
+        args.scheduler_address or ipc_address(where, "scheduler.sock"),
+        args.executors_address or ipc_address(where, "executors.sock"),
+    )
+
+
 def runner_config(args: argparse.Namespace) -> RunnerConfig:
     from executor_svc.model_runner import RunnerConfig
 
@@ -35,18 +47,20 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
 
 
 def scheduler(args: argparse.Namespace) -> None:
-    from scheduler_svc.service import SchedulerService, SchedulerServiceConfig
+    from scheduler_svc.service import SchedulerService
+    from scheduler_svc.service_config import SchedulerServiceConfig
     from shared.model_info import read_model_info, served_name
 
     path = model_path(args)
     info = read_model_info(path)
+    gateway_address, executors_address = addresses(args)
     SchedulerService(
         SchedulerServiceConfig(
-            requests_address=args.requests_address,
-            outputs_address=args.outputs_address,
-            executors_address=args.executors_address,
+            gateway_address=gateway_address,
+            executors_address=executors_address,
             model=served_name(path),
             eos_token_id=info.eos_token_id,
+            vocab_size=info.vocab_size,
             num_executors=args.num_executors,
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
@@ -72,7 +86,7 @@ def executor(args: argparse.Namespace) -> None:
     if args.metrics_port is not None:
         serve_metrics(args.metrics_port + args.rank, args.metrics_host)
     config = runner_config(args)
-    serve_executor(args.executors_address, config, args.rank, served_name(config.model_path))
+    serve_executor(addresses(args)[1], config, args.rank, served_name(config.model_path))
 
 
 def gateway(args: argparse.Namespace) -> None:
@@ -80,19 +94,26 @@ def gateway(args: argparse.Namespace) -> None:
 
     serve_gateway(
         model_path(args),
-        args.requests_address,
-        args.outputs_address,
+        addresses(args)[0],
         args.host,
         args.port,
         args.api_key or None,
         int(args.max_body_mb * 2**20),
         args.max_model_len,
+        args.request_timeout,
     )
 
 
 def serve(args: argparse.Namespace) -> None:
+    import shutil
+    import tempfile
+
     from turnstile.launcher import launch
 
+    # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,
+    # and several stacks on one host never meet.
+    run_dir = Path(tempfile.mkdtemp(prefix="turnstile-"))
+    scheduler_address, executors_address = addresses(args, run_dir)
     common = [
         "--model",
         args.model,
@@ -100,12 +121,10 @@ def serve(args: argparse.Namespace) -> None:
         str(args.block_size),
         "--max-num-seqs",
         str(args.max_num_seqs),
-        "--requests-address",
-        args.requests_address,
-        "--outputs-address",
-        args.outputs_address,
+        "--scheduler-address",
+        scheduler_address,
         "--executors-address",
-        args.executors_address,
+        executors_address,
     ]
     if args.max_model_len:
         common += ["--max-model-len", str(args.max_model_len)]
@@ -147,13 +166,19 @@ def serve(args: argparse.Namespace) -> None:
         str(args.port),
         "--max-body-mb",
         str(args.max_body_mb),
+        "--request-timeout",
+        str(args.request_timeout),
     ]
     if args.api_key:  # through the environment: a command line is visible to every user
         os.environ["TURNSTILE_API_KEY"] = args.api_key
     url = f"http://{args.host}:{args.port}"
-    sys.exit(
-        launch(common, gateway, scheduler, executor, args.num_executors, url, args.ready_timeout)
-    )
+    try:
+        code = launch(
+            common, gateway, scheduler, executor, args.num_executors, url, args.ready_timeout
+        )
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    sys.exit(code)
 
 
 def generate(args: argparse.Namespace) -> None:

@@ -1,0 +1,139 @@
+"""The scheduler against what should never reach an executor: invalid requests, results that do
+not fit their step, and requests whose steps kill their executor."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from scheduler_harness import VOCAB, Harness, expected_output
+
+from executor_svc.plan_applier import PlanApplier
+from shared.config import SchedulerConfig
+from shared.protocol import AddRequest, FrameError, SamplingParams, StepResult, pack_ids
+
+
+def config(**overrides: object) -> SchedulerConfig:
+    values: dict[object, object] = dict(
+        num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=128
+    )
+    values.update(overrides)
+    return SchedulerConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (dict(prompt_ids=pack_ids([5, VOCAB])), "prompt token ids"),
+        (dict(prompt_ids=pack_ids([-1, 5])), "prompt token ids"),
+        (dict(stop_token_ids=[VOCAB + 3]), "stop_token_ids"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(priority=1 << 21), "priority"),
+        (dict(sampling=SamplingParams(temperature=float("nan"))), "temperature"),
+        (dict(sampling=SamplingParams(temperature=-1.0)), "temperature"),
+        (dict(sampling=SamplingParams(temperature=float("inf"))), "temperature"),
+        (dict(sampling=SamplingParams(top_p=0.0)), "top_p"),
+        (dict(sampling=SamplingParams(top_p=1.5)), "top_p"),
+        (dict(sampling=SamplingParams(top_k=-2)), "top_k"),
+        (dict(sampling=SamplingParams(logprobs=21)), "logprobs"),
+        (dict(sampling=SamplingParams(logprobs=-1)), "logprobs"),
+    ],
+)
+def test_every_field_an_executor_could_not_run_is_refused_by_name(
+    change: dict[str, object], field: str
+) -> None:
+    harness = Harness(config(), {})
+    valid = AddRequest(req_id=1, prompt_ids=pack_ids([5, 6]), max_tokens=4)
+    harness.scheduler.add_request(valid)  # the same request, valid, is taken
+    with pytest.raises(ValueError, match=field):
+        harness.scheduler.add_request(msgspec.structs.replace(valid, req_id=2, **change))
+    assert list(harness.scheduler.requests) == [1]
+
+
+def test_a_result_that_does_not_fit_its_step_changes_nothing() -> None:
+    harness = Harness(config(), {1: 10, 2: 10})
+    harness.add(1, [5, 6, 7], max_tokens=10)
+    harness.add(2, [8, 9], max_tokens=10)
+    plan = harness.scheduler.schedule()
+    good = harness.executor.execute(plan)
+    for bad in (
+        StepResult(step=plan.step, sampled=pack_ids([5])),  # one id for two rows
+        StepResult(step=plan.step, sampled=b"\x01\x02\x03"),  # not a whole id
+        StepResult(step=plan.step, sampled=pack_ids([5, VOCAB])),  # outside the vocabulary
+        StepResult(step=plan.step, sampled=good.sampled, logprobs=[[(1, -0.5)]]),
+        StepResult(step=plan.step + 1, sampled=good.sampled),  # another step's
+    ):
+        with pytest.raises(FrameError):
+            harness.scheduler.update(bad)
+    harness._record(harness.scheduler.update(good))  # the real result still fits
+    harness.run()
+    assert harness.tokens[1] == expected_output(1, 10, 10)[0]
+
+
+def fresh_executor(harness: Harness) -> None:
+    """A replacement executor registers: an empty batch, at the scheduler's next step."""
+    cfg = harness.config
+    harness.executor.applier = PlanApplier(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)
+    harness.executor.applier.step = harness.scheduler.step
+
+
+def crash_step(harness: Harness, why: str = "injected") -> None:
+    """The step in flight kills its executor: the scheduler restarts on a fresh cache."""
+    harness.scheduler.schedule()
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure=why)
+    for ended in harness.scheduler.take_finished():
+        harness.endings[ended.req_id].append(ended.reason)
+    fresh_executor(harness)
+
+
+def test_a_request_whose_prompt_kills_its_executor_twice_is_ended_and_others_finish() -> None:
+    harness = Harness(config(), {1: 30, 2: 30, 3: 30})
+    harness.add(1, [5, 6, 7], max_tokens=30)
+    harness.add(2, [8, 9], max_tokens=30)
+    for _ in range(3):
+        harness.step()  # 1 and 2 decode
+    harness.add(3, [10, 11, 12], max_tokens=30)  # the poison
+    crash_step(harness, "IndexError in the embedding")
+    assert harness.scheduler.requests[3].crashes == 1
+    assert harness.scheduler.requests[1].crashes == 0  # decoding, not blamed
+    # Next, the suspect computes its prompt alone: the others wait a step.
+    plan = harness.scheduler.schedule()
+    assert [new.req_id for new in plan.new] == [3]
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure="IndexError again")
+    assert harness.scheduler.take_finished()[0].reason == "failed"
+    assert 3 not in harness.scheduler.requests
+    assert harness.scheduler.requests[1].crashes == 0
+    fresh_executor(harness)
+    harness.run()
+    for req_id in (1, 2):
+        assert harness.tokens[req_id] == expected_output(req_id, 30, 30)[0]
+        assert harness.endings[req_id] == ["stop"]
+    assert harness.scheduler.pool.num_free == harness.scheduler.pool.num_blocks
+
+
+def test_an_innocent_suspect_runs_on_and_a_restart_without_failure_blames_nobody() -> None:
+    harness = Harness(config(), {1: 12, 2: 12})
+    harness.add(1, [5, 6, 7], max_tokens=12)
+    harness.add(2, [8, 9], max_tokens=12)
+    crash_step(harness)  # both were computing their prompts: both suspects
+    assert len(harness.scheduler.suspects) == 2
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks)  # a replacement registers
+    fresh_executor(harness)
+    assert all(r.crashes == 1 for r in harness.scheduler.requests.values())
+    harness.run()
+    assert harness.endings == {1: ["stop"], 2: ["stop"]}
+    assert harness.tokens[1] == expected_output(1, 12, 12)[0]
+
+
+def test_aborts_are_honoured_waiting_suspect_and_mid_step() -> None:
+    harness = Harness(config(), {1: 30, 2: 30, 3: 30})
+    for req_id in (1, 2, 3):
+        harness.add(req_id, [5 + req_id, 6], max_tokens=30)
+    crash_step(harness)
+    harness.abort(1)  # a suspect
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks)
+    fresh_executor(harness)
+    harness.step()
+    harness.abort(2)  # waiting or running
+    harness.abort(3)
+    assert harness.endings == {1: ["abort"], 2: ["abort"], 3: ["abort"]}
+    assert not harness.scheduler.has_work and harness.scheduler.num_waiting == 0

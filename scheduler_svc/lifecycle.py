@@ -104,10 +104,10 @@ class RequestLifecycle:
         request goes back to the front of the waiting queue with its tokens, to be recomputed,
         and the block pool and prefix cache start empty.
 
-        With a `failure` (the executor died running the step in flight), the rows it blames
-        (`_blame`) become suspects: one at a time, each computes its prompt with no other, and
-        one blamed twice ends as "failed", so a request that kills its executor cannot take the
-        service down."""
+        With a `failure` (the executor died running the step in flight), that step's rows
+        become suspects: they run one at a time, each computing its prompt with no other beside
+        it, so a second failure names its cause, and a request in two failed steps ends as
+        "failed": a request that kills its executor cannot take the service down."""
         if failure and self._in_flight:
             self._blame(failure)
         slots = self.batch.order.tolist()
@@ -162,15 +162,11 @@ class RequestLifecycle:
         return self.suspects if req.crashes else self.waiting
 
     def _blame(self, failure: str) -> None:
-        """The rows that computed prompt tokens in the failed step (or every row if none did),
-        and the running suspect, are one failure closer to being ended."""
-        order = self.batch.order.tolist()
-        rows = set(self._prefilling or order)
-        rows |= {slot for slot in order if (req := self.batch.requests[slot]) and req.crashes}
-        for slot in rows:
+        """Every row of the failed step is one failure closer to being ended."""
+        for slot in self.batch.order.tolist():
             req = self.batch.requests[slot]
             if req is None or req.status is not Status.RUNNING:
-                continue
+                continue  # padding of a static batch: already ended
             req.crashes += 1
             if req.crashes >= 2:
                 error = f"its executor failed twice while computing it; last: {failure}"

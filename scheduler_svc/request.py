@@ -38,7 +38,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
-    crashes: int = 0  # executor failures in steps that computed its prompt (a suspect if > 0)
+    crashes: int = 0  # failed steps it ran in (a suspect if > 0; ended at 2)
 
     @classmethod
     def from_message(

@@ -203,6 +203,10 @@ def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up() -
         assert "failed twice" in error["message"] and "injected fault" in error["message"]
         assert disturbed == undisturbed  # the other requests finished, recomputed exactly
         assert server.process.poll() is None  # the service is still up, and answers
+        deadline = time.monotonic() + 60
+        while not healthy(server.url):  # once the executor the poison felled is back
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
         assert short_completion(server.url)["usage"]["completion_tokens"] == 16
         wait_until_whole(server)
 

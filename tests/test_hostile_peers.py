@@ -24,10 +24,12 @@ from bench.server_process import Server, launched_server
 from shared.protocol import (
     PROTOCOL_VERSION,
     AbortRequest,
+    AddRequest,
     EngineOutputs,
     Heartbeat,
     Register,
     RegisterReply,
+    SchedulerStatus,
     StepResult,
     pack_ids,
 )
@@ -123,6 +125,28 @@ def test_a_register_for_a_live_rank_is_refused(server: Server, undisturbed: str)
 
     assert beside(server, abuse) == undisturbed
     assert not replies[0].accepted and "live executor" in replies[0].reason
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_by_the_scheduler(
+    server: Server, undisturbed: str
+) -> None:
+    refusals: list[EngineOutputs] = []
+
+    def abuse() -> None:
+        sock = peer(server.scheduler_address)
+        bad = AddRequest(req_id=9, prompt_ids=pack_ids([5, 49152 + 7]), max_tokens=4)
+        sock.send(msgspec.msgpack.encode(bad))  # past the gateway's own check
+        deadline = time.monotonic() + 10
+        while not refusals and time.monotonic() < deadline:
+            if sock.poll(100):
+                message = msgspec.msgpack.decode(sock.recv(), type=EngineOutputs | SchedulerStatus)
+                if isinstance(message, EngineOutputs):
+                    refusals.append(message)
+        sock.close()
+
+    assert beside(server, abuse) == undisturbed  # the executor never saw it
+    [ended] = refusals[0].finished
+    assert (ended.req_id, ended.reason) == (9, "error") and "prompt token ids" in ended.error
 
 
 def test_a_stranger_cannot_abort_other_clients_requests(server: Server, undisturbed: str) -> None:

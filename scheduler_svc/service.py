@@ -278,7 +278,8 @@ class SchedulerService:
         gone = self.gateways.broadcast(status)
         if gone and scheduler is not None:
             orphans = [key for key in scheduler.requests if key >> LOCAL_ID_BITS in gone]
-            log.warning("a gateway is gone; aborting its %d requests", len(orphans))
+            if orphans:
+                log.warning("a gateway is gone; aborting its %d requests", len(orphans))
             for key in orphans:
                 scheduler.abort(key)
             if self.in_flight is None:

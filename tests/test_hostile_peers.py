@@ -26,10 +26,10 @@ from shared.protocol import (
     AbortRequest,
     AddRequest,
     EngineOutputs,
+    FromScheduler,
     Heartbeat,
     Register,
     RegisterReply,
-    SchedulerStatus,
     StepResult,
     pack_ids,
 )
@@ -72,6 +72,18 @@ def peer(address: str) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     return sock
+
+
+def listen(sock: zmq.Socket, seconds: float, until_outputs: bool = False) -> list[object]:
+    """What the scheduler sends this peer within `seconds` (up to its first outputs if asked)."""
+    heard: list[object] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if until_outputs and any(isinstance(m, EngineOutputs) for m in heard):
+            break
+        if sock.poll(100):
+            heard.append(msgspec.msgpack.decode(sock.recv(), type=FromScheduler))
+    return heard
 
 
 def malformed(server: Server, name: str) -> float:
@@ -136,12 +148,8 @@ def test_token_ids_outside_the_vocabulary_are_refused_by_the_scheduler(
         sock = peer(server.scheduler_address)
         bad = AddRequest(req_id=9, prompt_ids=pack_ids([5, 49152 + 7]), max_tokens=4)
         sock.send(msgspec.msgpack.encode(bad))  # past the gateway's own check
-        deadline = time.monotonic() + 10
-        while not refusals and time.monotonic() < deadline:
-            if sock.poll(100):
-                message = msgspec.msgpack.decode(sock.recv(), type=EngineOutputs | SchedulerStatus)
-                if isinstance(message, EngineOutputs):
-                    refusals.append(message)
+        heard = listen(sock, 10, until_outputs=True)
+        refusals.extend(m for m in heard if isinstance(m, EngineOutputs))
         sock.close()
 
     assert beside(server, abuse) == undisturbed  # the executor never saw it
@@ -168,10 +176,7 @@ def test_a_second_reader_gets_status_but_no_one_elses_tokens(
     def abuse() -> None:
         sock = peer(server.scheduler_address)
         sock.send(msgspec.msgpack.encode(Heartbeat(0)))
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            if sock.poll(100):
-                seen.append(msgspec.msgpack.decode(sock.recv()))
+        seen.extend(listen(sock, 2))
         sock.close()
 
     assert beside(server, abuse) == undisturbed

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from executor_svc.model.linear import Linear
 
 from bench import hf_baseline
 from executor_svc.cpu_runtime import best_dtype
-from executor_svc.model.linear import Linear
-from executor_svc.model_runner import RunnerConfig
+from executor_svc.runner_config import RunnerConfig
 from shared.model_info import ModelInfo, embedded_model_path
 from shared.protocol import AddRequest, pack_ids
 from turnstile.offline import OfflineEngine

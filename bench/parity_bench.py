@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from bench import hf_baseline
-from executor_svc.model_runner import RunnerConfig
+from executor_svc.runner_config import RunnerConfig
 from shared.model_info import embedded_model_path, read_model_info
 from shared.protocol import AddRequest, pack_ids
 from shared.tokenizer import Tokenizer

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor_svc.model import native_decode
-from executor_svc.model_runner import RunnerConfig
+from executor_svc.backends import native_decode
+from executor_svc.runner_config import RunnerConfig
 from kernels import cpu_native
 from shared.model_info import embedded_model_path
 from shared.protocol import AddRequest, pack_ids

@@ -1,27 +1,153 @@
-"""Token selection: greedy, temperature, top-k, top-p, per-request seeds, top-N logprobs.
+"""Token selection on the step's device: greedy, temperature, top-k, top-p, per-request seeds,
+top-N logprobs.
 
-A seeded request draws its noise from a generator keyed by (seed, output index), so it picks
-the same tokens alone or in any batch, and again after a preemption.
+The host turns the rows' parameters into arrays once a step (`SamplingArrays`); they travel to
+the device with the step's other inputs, and `sample` runs there with no host sync. Each
+sampling row draws its noise from a key: for a seeded request (seed, output index), so it
+picks the same tokens alone or in any batch, and again after a preemption.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from kernels.cpu_native import argmax
 from shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
 # Below this a temperature is greedy, as in vLLM: dividing by it overflows the logits to inf.
 MIN_TEMPERATURE = 1e-5
 
+Noise = Callable[[torch.Tensor, int], torch.Tensor]  # (keys [rows], vocab) -> Exp(1) [rows, vocab]
+Logprobs = list[list[tuple[int, float]]]
+
+
+@dataclass(slots=True)
+class SamplingArrays:
+    """One step's sampling parameters on the host, per sampling row. Random rows are those
+    with a temperature; `None` where no row needs that part."""
+
+    random_rows: np.ndarray | None  # indices of the random rows among the sampling rows
+    temperature: np.ndarray  # float64, per random row
+    top_k: np.ndarray  # per random row, 0: off
+    top_p: np.ndarray  # float64, per random row
+    noise_keys: np.ndarray  # per random row
+    filters: bool  # whether any random row has top-k or top-p
+    logprob_rows: np.ndarray | None  # rows that asked for logprobs
+    top_logprobs: list[int]  # how many top entries each of them asked for
+
+    @classmethod
+    def build(
+        cls, params: list[SamplingParams], output_index: np.ndarray, rng: np.random.Generator
+    ) -> SamplingArrays:
+        """`output_index[i]`: how many tokens row i generated before this one."""
+        random = [i for i, p in enumerate(params) if p.temperature >= MIN_TEMPERATURE]
+        chosen = [params[i] for i in random]
+        keys = rng.integers(0, 2**63, len(random), dtype=np.int64)
+        for row, (i, p) in enumerate(zip(random, chosen, strict=True)):
+            if p.seed is not None:
+                keys[row] = (p.seed * _SEED_STRIDE + int(output_index[i])) % (2**63)
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        return cls(
+            random_rows=np.array(random, dtype=np.int64) if random else None,
+            temperature=np.array([p.temperature for p in chosen], dtype=np.float64),
+            top_k=np.array([p.top_k for p in chosen], dtype=np.int64),
+            top_p=np.array([p.top_p for p in chosen], dtype=np.float64),
+            noise_keys=keys,
+            filters=any(p.top_k > 0 or p.top_p < 1.0 for p in chosen),
+            logprob_rows=np.array(wanted, dtype=np.int64) if wanted else None,
+            top_logprobs=[params[i].logprobs or 0 for i in wanted],
+        )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What the device needs, for the step's one upload."""
+        out = {}
+        if self.random_rows is not None:
+            out = {
+                "random_rows": self.random_rows,
+                "temperature": self.temperature,
+                "noise_keys": self.noise_keys,
+            }
+            if self.filters:
+                out |= {"top_k": self.top_k, "top_p": self.top_p}
+        if self.logprob_rows is not None:
+            out["logprob_rows"] = self.logprob_rows
+        return out
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """`SamplingArrays` on the device (`device` holds what `arrays()` uploaded)."""
+
+    host: SamplingArrays
+    device: dict[str, torch.Tensor]
+
+
+@dataclass(slots=True)
+class Sampled:
+    """The step's tokens on the device, and the logprobs asked for."""
+
+    tokens: torch.Tensor  # [rows] int64
+    logprobs: torch.Tensor | None  # per asking row, float64: sampled, top N ids, top N values
+    asking: list[tuple[int, int]]  # (row, N) for each row of `logprobs`
+
+    def to_host(self) -> tuple[np.ndarray, Logprobs]:
+        """One device-to-host copy: the tokens, with the logprobs folded in when asked for
+        (ids below 2**53 are exact in float64). Per row, [(token, its logprob), top N...]."""
+        rows = self.tokens.shape[0]
+        result: Logprobs = [[] for _ in range(rows)]
+        if self.logprobs is None:
+            return self.tokens.cpu().numpy(), result
+        both = torch.cat((self.tokens.double(), self.logprobs.reshape(-1))).cpu().numpy()
+        tokens = both[:rows].astype(np.int64)
+        table = both[rows:].reshape(len(self.asking), -1)
+        width = (table.shape[1] - 1) // 2
+        for entry, (row, n) in zip(table, self.asking, strict=True):
+            ids = entry[1 : 1 + n].astype(np.int64).tolist()
+            top = zip(ids, entry[1 + width : 1 + width + n].tolist(), strict=True)
+            result[row] = [(int(tokens[row]), float(entry[0])), *top]
+        return tokens, result
+
+
+def generator_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise for each row from a torch generator seeded by its key: a host loop, cheap
+    on the CPU."""
+    out = torch.empty(len(keys), vocab, device=keys.device)
+    for row, key in enumerate(keys.tolist()):
+        out[row].exponential_(generator=torch.Generator(keys.device).manual_seed(key))
+    return out
+
+
+# splitmix64's constants as signed int64: torch has no uint64 arithmetic.
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)
+
+
+def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift (torch's >> on int64 is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def hashed_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise computed from (key, token) by splitmix64, all rows in a few elementwise
+    ops on the device: no generator objects, no host loop, nothing a CUDA graph or a fake
+    tensor cannot follow."""
+    x = keys[:, None] + torch.arange(1, vocab + 1, device=keys.device) * _GOLDEN
+    x = (x ^ _shift(x, 30)) * _MIX[0]
+    x = (x ^ _shift(x, 27)) * _MIX[1]
+    x = x ^ _shift(x, 31)
+    uniform = (_shift(x, 40).float() + 0.5) * 2.0**-24  # the top 24 bits, inside (0, 1)
+    return -torch.log(uniform)
+
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
     """Mask (in place) the tokens outside each row's top-k and top-p sets."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ranks = torch.arange(vocab).expand_as(sorted_logits)
+    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     cut = ranks >= k
     probs = sorted_logits.masked_fill(cut, -float("inf")).softmax(dim=-1)
@@ -32,54 +158,28 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     logits.scatter_(-1, order, sorted_logits.masked_fill(cut, -float("inf")))
 
 
-class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self._unseeded = torch.Generator().manual_seed(seed)
-
-    def sample(
-        self, logits: torch.Tensor, params: list[SamplingParams], output_index: np.ndarray
-    ) -> tuple[torch.Tensor, list[list[tuple[int, float]]]]:
-        """Tokens for each row of float32 `logits`; `output_index[i]` is how many tokens row i
-        generated before this one. Returns the tokens and, per row, [(sampled token, its
-        logprob), then the top N] when that row asked for N logprobs, else []."""
-        tokens = argmax(logits)
-        random_rows = [i for i, p in enumerate(params) if p.temperature >= MIN_TEMPERATURE]
-        if random_rows:
-            rows = torch.tensor(random_rows)
-            chosen = [params[i] for i in random_rows]
-            scaled = logits[rows] / torch.tensor([p.temperature for p in chosen])[:, None]
-            if any(p.top_k > 0 or p.top_p < 1.0 for p in chosen):
-                _filter_top_k_top_p(
-                    scaled,
-                    torch.tensor([p.top_k for p in chosen]),
-                    torch.tensor([p.top_p for p in chosen]),
-                )
-            probs = scaled.softmax(dim=-1)
-            noise = torch.empty_like(probs)
-            for row, (i, p) in enumerate(zip(random_rows, chosen, strict=True)):
-                generator = self._unseeded
-                if p.seed is not None:
-                    key = (p.seed * _SEED_STRIDE + int(output_index[i])) % (2**63)
-                    generator = torch.Generator().manual_seed(key)
-                noise[row].exponential_(generator=generator)
-            tokens[rows] = (probs / noise).argmax(dim=-1)
-        return tokens, self._logprobs(logits, tokens, params)
-
-    @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
-    ) -> list[list[tuple[int, float]]]:
-        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
-        result: list[list[tuple[int, float]]] = [[] for _ in params]
-        if not wanted:
-            return result
-        rows = torch.tensor(wanted)
-        logprobs = logits[rows].log_softmax(dim=-1)
-        top = max(params[i].logprobs or 0 for i in wanted)
-        top_values, top_ids = logprobs.topk(top, dim=-1)
-        sampled = logprobs.gather(1, tokens[rows][:, None]).squeeze(1)
-        for row, i in enumerate(wanted):
-            n = params[i].logprobs
-            top_n = zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True)
-            result[i] = [(int(tokens[i]), float(sampled[row])), *top_n]
-        return result
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    argmax: Callable[[torch.Tensor], torch.Tensor],
+    noise: Noise,
+) -> Sampled:
+    """Tokens for each row of float32 `logits`, on their device."""
+    tokens = argmax(logits)
+    host, device = batch.host, batch.device
+    if host.random_rows is not None:
+        rows = device["random_rows"]
+        scaled = logits[rows] / device["temperature"].float()[:, None]
+        if host.filters:
+            _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
+        probs = scaled.softmax(dim=-1)
+        tokens[rows] = (probs / noise(device["noise_keys"], probs.shape[-1])).argmax(dim=-1)
+    if host.logprob_rows is None:
+        return Sampled(tokens, None, [])
+    rows = device["logprob_rows"]
+    logprobs = logits[rows].log_softmax(dim=-1)
+    top_values, top_ids = logprobs.topk(max(host.top_logprobs), dim=-1)
+    chosen = logprobs.gather(1, tokens[rows][:, None])
+    table = torch.cat((chosen.double(), top_ids.double(), top_values.double()), dim=1)
+    asking = list(zip(host.logprob_rows.tolist(), host.top_logprobs, strict=True))
+    return Sampled(tokens, table, asking)

@@ -10,8 +10,9 @@ import time
 import zmq
 from prometheus_client import Histogram
 
-from executor_svc.model_runner import ModelRunner, RunnerConfig
+from executor_svc.model_runner import ModelRunner
 from executor_svc.plan_applier import PlanError
+from executor_svc.runner_config import RunnerConfig
 from shared.protocol import (
     PROTOCOL_VERSION,
     BatchPlan,
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 60.0
 HEARTBEAT_MS = 1000
+RANK = 0  # the only one until tensor parallelism splits a model across executors
 FORWARD_SECONDS = Histogram(
     "turnstile:executor_forward_seconds",
     "Executor time per plan: apply, forward, sample",
@@ -38,13 +40,13 @@ FORWARD_SECONDS = Histogram(
 FAULT_TOKEN_ENV = "TURNSTILE_FAULT_INJECTION_TOKEN"
 
 
-def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, model: str) -> None:
+def serve_executor(scheduler_address: str, config: RunnerConfig, model: str) -> None:
     runner = ModelRunner(config)
     codec: FrameCodec[SchedulerToExecutor] = FrameCodec(SchedulerToExecutor, "executor.plans")
     socket = make_socket(zmq.Context.instance(), zmq.DEALER, scheduler_address, bind=False)
     hello = Register(
         version=PROTOCOL_VERSION,
-        rank=rank,
+        rank=RANK,
         model=model,
         vocab_size=runner.info.vocab_size,
         num_blocks=runner.num_blocks,
@@ -54,10 +56,10 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
     )
     fault_token = int(os.environ.get(FAULT_TOKEN_ENV, "-1"))
     _register(socket, codec, hello, runner)
-    log.info("executor rank %d ready (%.1f s to load)", rank, runner.load_seconds)
+    log.info("executor ready (%.1f s to load)", runner.load_seconds)
     while True:
         if not socket.poll(HEARTBEAT_MS):
-            socket.send(codec.encode(Heartbeat(rank)))
+            socket.send(codec.encode(Heartbeat(RANK)))
             continue
         message = codec.decode(socket.recv())
         if isinstance(message, RegisterReply) and not message.accepted:
@@ -81,8 +83,7 @@ def serve_executor(scheduler_address: str, config: RunnerConfig, rank: int, mode
             socket.send(codec.encode(StepFailed(message.step, f"{type(exc).__name__}: {exc}")))
             socket.close(linger=1000)
             sys.exit(1)
-        if rank == 0:  # every rank runs the plan; one answer is enough
-            socket.send(codec.encode(result))
+        socket.send(codec.encode(result))
 
 
 def _register(

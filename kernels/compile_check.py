@@ -49,9 +49,9 @@ def _sources(dtype: str) -> dict[str, ASTSource]:
             kernels.paged_prefill_kernel,
             {
                 **attention, **tables, "query_start_loc": "*i64", **_ATTENTION_SCALARS,
-                **dict.fromkeys([*shape, "BLOCK_M"], "constexpr"),
+                **dict.fromkeys([*shape, "BLOCK_M", "TENSOR_CORES"], "constexpr"),
             },
-            {**shape, "BLOCK_M": 16},
+            {**shape, "BLOCK_M": 16, "TENSOR_CORES": dtype != "fp32"},
         ),
     }  # fmt: skip
 

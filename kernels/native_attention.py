@@ -1,30 +1,12 @@
-"""The CPU attention backend when the native kernels are built: decode attention reads the
-paged cache in place (`kernels/native/attention.c`); KV writes and prefill are the torch
-reference's, whose batched SDPA already does well on long chunks."""
+"""Decode attention on the CPU, reading the paged cache in place (`kernels/native/attention.c`).
+KV writes and prefill stay the torch reference's, whose batched SDPA does well on long chunks."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from kernels import cpu_native
-from kernels.reference import paged_prefill_attention, write_kv
-
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "plan_decode", "write_kv"]
-
-
-@dataclass(slots=True, frozen=True)
-class DecodePlan:
-    block_tables: torch.Tensor  # [rows, width] int64, contiguous
-    seq_lens: torch.Tensor  # [rows] int64
-    block_size: int
-
-
-def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
-    return DecodePlan(
-        block_tables.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous(), block_size
-    )
+from kernels.reference import DecodePlan
 
 
 def paged_decode_attention(
@@ -40,6 +22,9 @@ def paged_decode_attention(
     query = query.contiguous()
     rows, heads, dim = query.shape
     kv_heads = k_cache.shape[2]
+    # The C kernel reads int64 rows in place; the executor's staged tables already are.
+    tables = plan.block_tables.to(torch.int64).contiguous()
+    lens = plan.seq_lens.to(torch.int64).contiguous()
     if dim % 8 or heads % kv_heads or k_cache.dtype != torch.float32:
         raise ValueError(
             "native decode attention needs a float32 cache and head_dim % 8 == 0, got "
@@ -50,9 +35,9 @@ def paged_decode_attention(
         query.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
-        plan.block_tables.data_ptr(),
-        plan.block_tables.shape[1],
-        plan.seq_lens.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        lens.data_ptr(),
         out.data_ptr(),
         rows,
         heads,

@@ -1,5 +1,5 @@
-"""Paged attention and KV-cache writes in plain torch: the CPU production path and the
-reference the Triton kernels are tested against.
+"""Paged attention and KV-cache writes in plain torch: the reference every other kernel is
+tested against, and the CPU's attention where the native kernels cannot run.
 
 KV cache layout, per layer: `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V.
 Token t of a sequence lives in block `block_table[t // block_size]` at offset
@@ -37,19 +37,21 @@ def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch
 
 @dataclass(slots=True, frozen=True)
 class DecodePlan:
-    """What every layer's decode attention needs, built once a step rather than per layer:
-    the rows' block ids as one flat index, and which gathered slots each row may see."""
+    """What every layer's decode attention needs, built once a step rather than per layer.
+    All three kernel sets read the tables; this one also keeps which gathered slots each row
+    may see."""
 
-    block_ids: torch.Tensor  # [rows * blocks]
-    rows: int
-    visible: torch.Tensor  # [rows, 1, 1, blocks * block_size]
+    block_tables: torch.Tensor  # [rows, width] int64, contiguous
+    seq_lens: torch.Tensor  # [rows] int64
+    block_size: int
+    visible: torch.Tensor | None = None  # [rows, 1, 1, width * block_size], this module's
 
 
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
-    rows, width = block_tables.shape
+    width = block_tables.shape[1]
     positions = torch.arange(width * block_size, device=block_tables.device)
     visible = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
-    return DecodePlan(block_tables.reshape(-1), rows, visible)
+    return DecodePlan(block_tables, seq_lens, block_size, visible)
 
 
 def paged_decode_attention(
@@ -60,8 +62,9 @@ def paged_decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """One query token per row ([rows, heads, head_dim]) against its row's whole paged KV."""
-    keys = _gather_kv(k_cache, plan.block_ids, plan.rows)
-    values = _gather_kv(v_cache, plan.block_ids, plan.rows)
+    rows = plan.block_tables.shape[0]
+    keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows)
+    values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows)
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), keys, values, attn_mask=plan.visible, scale=scale, enable_gqa=True
     )
@@ -76,19 +79,18 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    longest: int,
 ) -> torch.Tensor:
     """Causal attention of each row's new tokens (a prompt chunk, possibly after a cached or
     earlier-computed prefix) against the row's paged KV, new tokens included.
 
     `query` is [tokens, heads, head_dim], rows concatenated; `query_start_loc` has rows + 1
-    offsets. Rows are padded to the longest chunk, so batch long chunks with each other and
-    decodes separately (`paged_decode_attention`).
+    offsets; `longest` is the longest row's count, known to the host. Rows are padded to it,
+    so batch long chunks with each other and decodes separately (`paged_decode_attention`).
     """
     rows = block_tables.shape[0]
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    longest = int(query_lens.max())
     index = torch.arange(longest, device=query.device)
-    valid = index[None, :] < query_lens[:, None]
     token = (query_start_loc[:-1, None] + index[None, :]).clamp(max=query.shape[0] - 1)
     padded = query[token].transpose(1, 2)  # [rows, heads, longest, dim]
     block_ids = block_tables.reshape(-1)
@@ -101,5 +103,11 @@ def paged_prefill_attention(
     out = F.scaled_dot_product_attention(
         padded, keys, values, attn_mask=visible[:, None], scale=scale, enable_gqa=True
     )
-    out = out.transpose(1, 2)  # [rows, longest, heads, dim]
-    return out[valid].reshape(-1, *query.shape[1:]) if rows else query.new_empty(query.shape)
+    out = out.transpose(1, 2).reshape(rows * longest, *query.shape[1:])
+    # Each token's place among the padded rows, by shapes the host knows: no device sync.
+    tokens = query.shape[0]
+    owner = torch.repeat_interleave(
+        torch.arange(rows, device=query.device), query_lens, output_size=tokens
+    )
+    place = owner * longest + torch.arange(tokens, device=query.device) - query_start_loc[owner]
+    return out[place]

@@ -1,18 +1,23 @@
 """Triton kernels for CUDA: KV-cache write, paged decode attention, and prefill / chunked-prefill
 attention over paged KV. Same arguments and results as `kernels.reference`.
 
-Scores and the softmax run in fp32 whatever the cache dtype; `tl.dot` gets fp32 inputs with
-IEEE precision (bf16 dots are wrong under TRITON_INTERPRET, and tf32 would break parity).
-Block and token offsets are int64: block * stride overflows int32 on large caches.
+Scores and the softmax run in fp32 whatever the cache dtype. A bf16 or fp16 cache feeds the
+prefill's `tl.dot` in its own dtype (tensor cores, fp32 accumulation); an fp32 cache, and every
+cache under TRITON_INTERPRET (whose bf16 dots are wrong), gets IEEE fp32 dots: tf32 would break
+parity. Block and token offsets are int64: block * stride overflows int32 on large caches.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import os
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.reference import DecodePlan
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -29,12 +34,13 @@ def write_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping + token).to(tl.int64)
-    offsets = tl.arange(0, ROW_PAD)
-    mask = offsets < ROW
-    k = tl.load(key + token * stride_key + offsets, mask=mask)
-    v = tl.load(value + token * stride_value + offsets, mask=mask)
-    tl.store(k_cache + slot * ROW + offsets, k, mask=mask)
-    tl.store(v_cache + slot * ROW + offsets, v, mask=mask)
+    if slot >= 0:  # -1: a padding row of a CUDA graph, which writes nothing
+        offsets = tl.arange(0, ROW_PAD)
+        mask = offsets < ROW
+        k = tl.load(key + token * stride_key + offsets, mask=mask)
+        v = tl.load(value + token * stride_value + offsets, mask=mask)
+        tl.store(k_cache + slot * ROW + offsets, k, mask=mask)
+        tl.store(v_cache + slot * ROW + offsets, v, mask=mask)
 
 
 @triton.jit
@@ -117,6 +123,7 @@ def paged_prefill_kernel(
     BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -136,7 +143,9 @@ def paged_prefill_kernel(
             query + tokens[:, None] * stride_q_token + head * stride_q_head + dims[None, :],
             mask=row_ok[:, None] & dim_ok[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
+        if not TENSOR_CORES:
+            q = q.to(tl.float32)
         query_pos = context + index_m
         last_pos = context + tl.minimum(query_len, (tile + 1) * BLOCK_M) - 1
         slots = tl.arange(0, BLOCK_SIZE)
@@ -153,15 +162,22 @@ def paged_prefill_kernel(
                 + dims[None, :]
             )
             mask = (key_pos < seq_len)[:, None] & dim_ok[None, :]
-            k = tl.load(k_cache + offsets, mask=mask, other=0.0).to(tl.float32)
-            v = tl.load(v_cache + offsets, mask=mask, other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            k = tl.load(k_cache + offsets, mask=mask, other=0.0)
+            v = tl.load(v_cache + offsets, mask=mask, other=0.0)
+            if TENSOR_CORES:
+                scores = tl.dot(q, tl.trans(k)) * scale
+            else:
+                k, v = k.to(tl.float32), v.to(tl.float32)
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             # Key 0 is visible to every query row, so no row's maximum stays -inf.
             scores = tl.where(key_pos[None, :] <= query_pos[:, None], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
             weights = tl.exp(scores - new_max[:, None])
             rescale = tl.exp(running_max - new_max)
-            acc = acc * rescale[:, None] + tl.dot(weights, v, input_precision="ieee")
+            if TENSOR_CORES:
+                acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+            else:
+                acc = acc * rescale[:, None] + tl.dot(weights, v, input_precision="ieee")
             total = total * rescale + tl.sum(weights, axis=1)
             running_max = new_max
         result = (acc / total[:, None]).to(out.dtype.element_ty)
@@ -190,14 +206,9 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
-class DecodePlan(NamedTuple):
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-
-
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
     """The kernel reads the tables as they are; nothing to prepare."""
-    return DecodePlan(block_tables, seq_lens)
+    return DecodePlan(block_tables, seq_lens, block_size)
 
 
 def paged_decode_attention(
@@ -207,7 +218,7 @@ def paged_decode_attention(
     plan: DecodePlan,
     scale: float,
 ) -> torch.Tensor:
-    block_tables, seq_lens = plan
+    block_tables, seq_lens = plan.block_tables, plan.seq_lens
     rows, heads, dim = query.shape
     out = torch.empty_like(query)
     paged_decode_kernel[(rows, heads)](
@@ -228,17 +239,19 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    longest: int,
     block_m: int = 16,
 ) -> torch.Tensor:
+    """`longest`: the longest row's token count, known to the host (the grid needs it)."""
     _, heads, dim = query.shape
     rows = block_tables.shape[0]
     out = torch.empty_like(query)
-    longest = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if rows else 0
     paged_prefill_kernel[(rows, heads, triton.cdiv(longest, block_m))](
         out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m,
         HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim),
+        TENSOR_CORES=k_cache.dtype != torch.float32 and not _INTERPRETED,
     )  # fmt: skip
     return out

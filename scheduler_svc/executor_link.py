@@ -16,7 +16,6 @@ class ExecutorLink:
     def __init__(
         self,
         address: str,
-        num_executors: int,
         block_size: int,
         max_num_seqs: int,
         model: str,
@@ -26,7 +25,6 @@ class ExecutorLink:
         self.codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
             ExecutorToScheduler, "scheduler.executors"
         )
-        self.num_executors = num_executors
         self.expected = (PROTOCOL_VERSION, block_size, max_num_seqs, model, vocab_size)
         self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
         # A killed executor's TCP connection drops at once: the monitor reports it in
@@ -38,7 +36,7 @@ class ExecutorLink:
 
     @property
     def complete(self) -> bool:
-        return len(self.peers) == self.num_executors
+        return 0 in self.peers
 
     def receive(self) -> Iterator[tuple[bytes, ExecutorToScheduler]]:
         """Every well-formed waiting message with its sender (malformed ones are counted)."""
@@ -78,8 +76,8 @@ class ExecutorLink:
                 f"executor offers (version, block_size, max_num_seqs, model, vocab_size) = "
                 f"{offered}; this scheduler runs {self.expected}"
             )
-        if not 0 <= hello.rank < self.num_executors:
-            return f"rank {hello.rank} is outside 0..{self.num_executors - 1}"
+        if hello.rank != 0:  # ranks of one model come with tensor parallelism
+            return f"rank {hello.rank}: this scheduler drives one executor, rank 0"
         return ""
 
     def _send(self, identity: bytes, frame: bytes) -> bool:

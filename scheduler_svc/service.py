@@ -45,7 +45,6 @@ class SchedulerService:
         self.gateways = GatewayLink(config.gateway_address)
         self.link = ExecutorLink(
             config.executors_address,
-            config.num_executors,
             config.block_size,
             config.max_num_seqs,
             config.model,

@@ -14,7 +14,6 @@ class SchedulerServiceConfig:
     model: str
     eos_token_id: int
     vocab_size: int
-    num_executors: int = 1
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

@@ -64,7 +64,7 @@ def test_chunked_prefill_over_cached_prefix_matches_reference(
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype, seed=1)
     query_start = torch.tensor([0] + [new for _, new in rows]).cumsum(0)
     query = torch.randn(int(query_start[-1]), HEADS, DIM).to(dtype)
-    args = (query, k_cache, v_cache, tables, lens, query_start, DIM**-0.5)
+    args = (query, k_cache, v_cache, tables, lens, query_start, DIM**-0.5, 40)
     expected = reference.paged_prefill_attention(*args)
     got = triton_kernels.paged_prefill_attention(*args)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -89,7 +89,7 @@ def test_reference_prefill_equals_dense_causal_attention() -> None:
     k_cache, v_cache, tables, lens = paged_setup([21], 16, torch.float32, seed=2)
     query = torch.randn(21, HEADS, DIM)
     start = torch.tensor([0, 21])
-    got = reference.paged_prefill_attention(query, k_cache, v_cache, tables, lens, start, 0.125)
+    got = reference.paged_prefill_attention(query, k_cache, v_cache, tables, lens, start, 0.125, 21)
     keys = k_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     values = v_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query, keys) * 0.125
@@ -115,20 +115,20 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
 
 
 def test_model_on_triton_kernels_generates_what_the_torch_path_generates() -> None:
-    """The whole executor with the Triton backend (interpreted here: a real GPU is the one
-    thing this machine lacks) against the CPU production path, prefill and decode."""
-    from executor_svc.model_runner import RunnerConfig
+    """The whole executor on the cuda backend (its Triton kernels interpreted here: a real GPU
+    is the one thing this machine lacks) against the torch reference, prefill and decode."""
+    from executor_svc.runner_config import RunnerConfig
     from shared.model_info import embedded_model_path
     from shared.protocol import AddRequest, pack_ids
     from turnstile.offline import OfflineEngine
 
     prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1021))]
     outputs = []
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "cuda"):
         engine = OfflineEngine(
             RunnerConfig(
                 embedded_model_path(), dtype="float32", num_blocks=16, max_num_seqs=2,
-                attention_backend=backend,
+                backend=backend,
             ),
             max_num_batched_tokens=16,
         )  # fmt: skip

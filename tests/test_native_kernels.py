@@ -10,11 +10,14 @@ import torch
 import torch.nn.functional as F
 from test_kernels import DIM, HEADS, paged_setup
 
-from executor_svc.model import attention
-from executor_svc.model.attention import SHORT_PREFILL_TOKENS
-from executor_svc.model.linear import Linear
-from executor_svc.model.llama import LlamaModel
-from kernels import attention_backend, cpu_native, native_attention, reference
+from executor_svc import step_layout
+from executor_svc.backend import Backend
+from executor_svc.backends import backend_name
+from executor_svc.backends.native_decode import NativeDecode
+from executor_svc.backends.packed_projection import PackedProjection
+from executor_svc.runner_config import RunnerConfig
+from executor_svc.step_layout import SHORT_PREFILL_TOKENS
+from kernels import cpu_native, native_attention, reference
 
 
 def test_the_library_builds_on_this_machine() -> None:
@@ -37,9 +40,8 @@ def test_linear_matches_torch_with_bias_and_residual(
     x = torch.randn(rows, 37, generator=generator)
     residual = torch.randn(rows, outputs, generator=generator)
     exact = F.linear(x, weight.float(), bias)
-    plain = Linear(weight)
-    biased = Linear(weight, bias)
-    assert plain.weight is None  # the native path holds the panels only
+    plain = PackedProjection(weight, None)
+    biased = PackedProjection(weight, bias)
     torch.testing.assert_close(plain(x), F.linear(x, weight.float()), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(biased(x), exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(biased(x, residual), exact + residual, atol=1e-5, rtol=1e-5)
@@ -54,7 +56,7 @@ def test_a_rows_projection_does_not_depend_on_the_rows_beside_it(
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(200, 576, generator=generator).to(weight_dtype)
     x = torch.randn(15, 576, generator=generator)
-    layer = Linear(weight)
+    layer = PackedProjection(weight, None)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
     for rows in range(2, len(x) + 1):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
@@ -78,7 +80,7 @@ def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
     weight = torch.randn(32, 24)
     x = torch.randn(24, 5).t()
     residual = torch.randn(32, 5).t()
-    got = Linear(weight)(x, residual)
+    got = PackedProjection(weight, None)(x, residual)
     torch.testing.assert_close(got, x @ weight.t() + residual, atol=1e-5, rtol=1e-5)
 
 
@@ -89,12 +91,9 @@ def test_paged_decode_matches_reference(block_size: int) -> None:
     seq_lens = [1, 7, 8, 15, 16, 17, 40, 97, 250]
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, torch.float32)
     query = torch.randn(len(seq_lens), HEADS, DIM)
-    expected, got = (
-        kernels.paged_decode_attention(
-            query, k_cache, v_cache, kernels.plan_decode(tables, lens, block_size), DIM**-0.5
-        )
-        for kernels in (reference, native_attention)
-    )
+    plan = reference.plan_decode(tables, lens, block_size)
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
+    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -109,9 +108,7 @@ def test_few_rows_split_their_context_and_merge_to_the_reference(
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.float32, seed=len(seq_lens))
     generator = torch.Generator().manual_seed(len(seq_lens))
     query = torch.randn(len(seq_lens), HEADS, DIM, generator=generator) * magnitude
-    plans = [kernels.plan_decode(tables, lens, 16) for kernels in (reference, native_attention)]
-    expected = reference.paged_decode_attention(query, k_cache, v_cache, plans[0], DIM**-0.5)
-    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plans[1], DIM**-0.5)
+    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens)
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
@@ -119,9 +116,7 @@ def test_softmax_is_stable_for_large_scores() -> None:
     """Scores in the thousands would overflow a naive exp; the kernel subtracts the max."""
     k_cache, v_cache, tables, lens = paged_setup([33, 5], 16, torch.float32, seed=3)
     query = torch.randn(2, HEADS, DIM, generator=torch.Generator().manual_seed(3)) * 300
-    plans = [kernels.plan_decode(tables, lens, 16) for kernels in (reference, native_attention)]
-    expected = reference.paged_decode_attention(query, k_cache, v_cache, plans[0], DIM**-0.5)
-    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plans[1], DIM**-0.5)
+    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens)
     assert torch.isfinite(got).all()
     # Scores near 2,400 carry float32 rounding of ~1e-3, which the softmax turns into output
     # differences up to ~1.5e-4 for some queries (2 of 200 seeds exceeded 1e-4, with this
@@ -129,29 +124,41 @@ def test_softmax_is_stable_for_large_scores() -> None:
     torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
 
 
-def test_backend_choice_follows_the_cache_dtype() -> None:
-    assert attention_backend("auto", "cpu", torch.float32) is native_attention
-    assert attention_backend("auto", "cpu", torch.bfloat16) is reference
-    assert attention_backend("auto", "cpu", torch.float32, head_dim=36) is reference
+def _both_decodes(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = reference.plan_decode(tables, lens, 16)
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
+    return expected, native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, DIM**-0.5
+    )
+
+
+def test_backend_choice_follows_the_device_dtype_and_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def name(**options: str) -> str:
+        return backend_name(RunnerConfig(Path("model"), **options))  # type: ignore[arg-type]
+
+    assert name() == "cpu"
+    assert name(dtype="bfloat16") == "cpu"
+    assert name(dtype="float16") == "torch"  # the native kernels take fp32 and bf16 weights
+    assert name(device="cuda:0") == "cuda"
+    assert name(backend="torch") == "torch"
+    with pytest.raises(ValueError, match="unknown backend 'fast'"):
+        name(backend="fast")
     k_cache, v_cache, tables, lens = paged_setup([5], 16, torch.bfloat16)
-    plan = native_attention.plan_decode(tables, lens, 16)
+    plan = reference.plan_decode(tables, lens, 16)
     with pytest.raises(ValueError, match="float32 cache"):
         native_attention.paged_decode_attention(
             torch.randn(1, HEADS, DIM), k_cache, v_cache, plan, 1.0
         )
-    with pytest.raises(ValueError, match="unknown attention backend"):
-        attention_backend("fast", "cpu", torch.float32)
-
-
-def test_without_the_library_projections_fall_back_to_torch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
     monkeypatch.setattr(cpu_native, "library", lambda: None)
-    weight, x = torch.randn(20, 8), torch.randn(3, 8)
-    linear = Linear(weight)
-    assert linear.weight is weight
-    torch.testing.assert_close(linear(x, residual=x[:, :1]), x @ weight.t() + x[:, :1])
-    assert attention_backend("auto", "cpu", torch.float32) is reference
+    assert name() == "torch"
     logits = torch.randn(3, 50)
     assert torch.equal(cpu_native.argmax(logits), logits.argmax(dim=-1))
 
@@ -172,67 +179,53 @@ def test_a_build_is_cached_by_source_digest(
 def test_fused_decode_layers_generate_what_the_torch_layers_generate(
     dtype: str, short_prefill_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The embedded model through decode_layer.c (one call a layer) against the same weights
-    through the torch layer code. A 16-token budget chunks the 40-token prompt while the others
-    decode, so steps mix prefill and decode rows; with short prefills allowed, every token of
-    them is a row of the fused layers, else the prefill rows take the torch layers beside."""
-    from executor_svc.model_runner import RunnerConfig
+    """The embedded model through decode_layer.c (one call a layer, where the route allows)
+    against the same backend and weights through the model's layer code. A 16-token budget chunks
+    the 40-token prompt while the others decode, so steps mix prefill and decode rows; with
+    short prefills allowed, every token of them is a row of the fused layers, else the prefill
+    rows take the model's layers beside."""
     from shared.model_info import embedded_model_path
     from shared.protocol import AddRequest, pack_ids
     from turnstile.offline import OfflineEngine
 
-    monkeypatch.setattr(attention, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
+    monkeypatch.setattr(step_layout, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
     prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1040)), [1, 2, 3]]
     outputs = {}
     routes: dict[str, set[str]] = {}
-    for backend in ("native", "torch"):
-        engine = OfflineEngine(
-            RunnerConfig(
-                embedded_model_path(), dtype=dtype, num_blocks=32, max_num_seqs=4,
-                attention_backend=backend,
-            ),
-            max_num_batched_tokens=16,
-        )  # fmt: skip
-        model = engine.runner.model
-        assert model.native_decode is not None
-        routes[backend] = set()
-        _record_routes(monkeypatch, model, routes[backend])
+    for run in ("fused", "unfused"):
+        with monkeypatch.context() as patch:
+            if run == "unfused":
+                patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
+            engine = OfflineEngine(
+                RunnerConfig(embedded_model_path(), dtype=dtype, num_blocks=32, max_num_seqs=4),
+                max_num_batched_tokens=16,
+            )
+        assert engine.runner.backend.name == "cpu"
+        routes[run] = _record_routes(monkeypatch, engine.runner.backend)
         requests = [
             AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=12, ignore_eos=True)
             for i, p in enumerate(prompts)
         ]
-        outputs[backend] = [result.token_ids for result in engine.generate(requests)]
-    assert outputs["native"] == outputs["torch"]
-    assert all(len(tokens) == 12 for tokens in outputs["native"])
-    assert routes["torch"] == {"torch"}
-    expected = {"fused"} if short_prefill_tokens else {"torch", "fused beside torch", "fused"}
-    assert routes["native"] == expected
+        outputs[run] = [result.token_ids for result in engine.generate(requests)]
+    assert outputs["fused"] == outputs["unfused"]
+    assert all(len(tokens) == 12 for tokens in outputs["fused"])
+    assert routes["unfused"] == {"layers"}
+    expected = {"fused"} if short_prefill_tokens else {"layers", "split", "fused"}
+    assert routes["fused"] == expected
 
 
-def _record_routes(monkeypatch: pytest.MonkeyPatch, model: LlamaModel, seen: set[str]) -> None:
-    """Which layers each step ran through: fused only, torch only, or both."""
-    fused, torch_layers = model.native_decode, model._torch_layers
-    calls: list[str] = []
+def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str]:
+    """The route of every step the backend runs."""
+    seen: set[str] = set()
+    route = backend.route
 
-    def counting_fused(*args: object) -> torch.Tensor:
-        calls.append("fused")
-        return fused(*args)  # type: ignore[misc]
+    def recording_route(*args: object) -> object:
+        chosen = route(*args)  # type: ignore[arg-type]
+        seen.add(chosen.value)
+        return chosen
 
-    def counting_torch(*args: object) -> torch.Tensor:
-        calls.append("torch")
-        return torch_layers(*args)  # type: ignore[arg-type]
-
-    forward = model.forward
-
-    def recording_forward(*args: object) -> torch.Tensor:
-        calls.clear()
-        hidden = forward(*args)  # type: ignore[arg-type]
-        seen.add(" beside ".join(sorted(set(calls))))
-        return hidden
-
-    monkeypatch.setattr(model, "native_decode", counting_fused)
-    monkeypatch.setattr(model, "_torch_layers", counting_torch)
-    monkeypatch.setattr(model, "forward", recording_forward)
+    monkeypatch.setattr(backend, "route", recording_route)
+    return seen
 
 
 def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(

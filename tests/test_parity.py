@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import parity_bench
-from executor_svc.model_runner import RunnerConfig
+from executor_svc.runner_config import RunnerConfig
 from shared.model_info import embedded_model_path
 from shared.protocol import AddRequest, SamplingParams, pack_ids
 from turnstile.offline import OfflineEngine

@@ -54,6 +54,19 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default=_env("DTYPE", "auto"), choices=["auto", "bfloat16", "float32", "float16"]
     )
+    parser.add_argument(
+        "--backend",
+        default=_env("BACKEND", "auto"),
+        choices=["auto", "cpu", "torch", "cuda"],
+        help="auto: cuda on a GPU; on a CPU the native kernels where they run, else torch "
+        "(the plain-torch reference)",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=_env("ENFORCE_EAGER", "") == "1",
+        help="cuda: run decode steps eagerly instead of replaying CUDA graphs",
+    )
     parser.add_argument("--kv-cache-gib", type=float, default=float(_env("KV_CACHE_GIB", "1.5")))
     parser.add_argument("--num-blocks", type=int, default=None, help="overrides --kv-cache-gib")
 
@@ -77,7 +90,6 @@ def _add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         help="static batching: open a batch once it is full or its first request has waited "
         "this many seconds",
     )
-    parser.add_argument("--num-executors", type=int, default=int(_env("NUM_EXECUTORS", "1")))
     parser.add_argument(
         "--max-waiting",
         type=int,
@@ -130,13 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
     scheduler.set_defaults(handler=services.scheduler)
 
-    executor = commands.add_parser("executor", help="one executor (one rank)")
+    executor = commands.add_parser("executor", help="the executor: the model on its device")
     for add in (_add_model, _add_addresses, _add_executor_options):
         add(executor)
-    executor.add_argument("--rank", type=int, default=int(_env("RANK", "0")))
-    executor.add_argument(
-        "--metrics-port", type=int, default=None, help="serves on this port + rank"
-    )
+    executor.add_argument("--metrics-port", type=int, default=None)
     executor.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
     executor.set_defaults(handler=services.executor)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from executor_svc.model_runner import RunnerConfig
+from executor_svc.runner_config import RunnerConfig
 from gateway_svc.openai_api import (
     ApiError,
     ChatCompletionRequest,

@@ -1,4 +1,4 @@
-"""`turnstile serve`: the scheduler, the executor(s) and the gateway as child processes of one
+"""`turnstile serve`: the scheduler, the executor and the gateway as child processes of one
 command, which waits for readiness, prints the URL, and stops them all on Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ def launch(
     gateway: list[str],
     scheduler: list[str],
     executor: list[str],
-    num_executors: int,
     url: str,
     ready_timeout: float,
 ) -> int:
     """Start everything, wait for /health, then supervise: a service that dies is started
     again (the scheduler re-queues the work of a lost executor), until a signal arrives."""
-    commands = [["scheduler", *common, *scheduler]]
-    commands += [
-        ["executor", *common, *executor, "--rank", str(rank)] for rank in range(num_executors)
+    commands = [
+        ["scheduler", *common, *scheduler],
+        ["executor", *common, *executor],
+        ["gateway", *common, *gateway],
     ]
-    commands.append(["gateway", *common, *gateway])
     children = [_spawn(command) for command in commands]
     restarts: list[list[float]] = [[] for _ in commands]
     stopping = False

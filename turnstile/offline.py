@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor_svc.model_runner import ModelRunner, RunnerConfig
+from executor_svc.model_runner import ModelRunner
+from executor_svc.runner_config import RunnerConfig
 from scheduler_svc.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import AddRequest, unpack_ids

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only by the commands that run a model
-    from executor_svc.model_runner import RunnerConfig
+    from executor_svc.runner_config import RunnerConfig
 
 
 def model_path(args: argparse.Namespace) -> Path:
@@ -32,7 +32,7 @@ def addresses(args: argparse.Namespace, run_dir: Path | None = None) -> tuple[st
 
 
 def runner_config(args: argparse.Namespace) -> RunnerConfig:
-    from executor_svc.model_runner import RunnerConfig
+    from executor_svc.runner_config import RunnerConfig
 
     return RunnerConfig(
         model_path=model_path(args),
@@ -43,6 +43,8 @@ def runner_config(args: argparse.Namespace) -> RunnerConfig:
         kv_cache_gib=args.kv_cache_gib,
         num_blocks=args.num_blocks,
         max_model_len=args.max_model_len,
+        backend=args.backend,
+        enforce_eager=args.enforce_eager,
     )
 
 
@@ -61,7 +63,6 @@ def scheduler(args: argparse.Namespace) -> None:
             model=served_name(path),
             eos_token_id=info.eos_token_id,
             vocab_size=info.vocab_size,
-            num_executors=args.num_executors,
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -84,9 +85,9 @@ def executor(args: argparse.Namespace) -> None:
     from shared.model_info import served_name
 
     if args.metrics_port is not None:
-        serve_metrics(args.metrics_port + args.rank, args.metrics_host)
+        serve_metrics(args.metrics_port, args.metrics_host)
     config = runner_config(args)
-    serve_executor(addresses(args)[1], config, args.rank, served_name(config.model_path))
+    serve_executor(addresses(args)[1], config, served_name(config.model_path))
 
 
 def gateway(args: argparse.Namespace) -> None:
@@ -133,8 +134,6 @@ def serve(args: argparse.Namespace) -> None:
         str(args.max_num_batched_tokens),
         "--policy",
         args.policy,
-        "--num-executors",
-        str(args.num_executors),
         "--metrics-port",
         str(args.metrics_port),
     ]
@@ -152,6 +151,8 @@ def serve(args: argparse.Namespace) -> None:
         args.device,
         "--dtype",
         args.dtype,
+        "--backend",
+        args.backend,
         "--kv-cache-gib",
         str(args.kv_cache_gib),
         "--metrics-port",
@@ -159,6 +160,8 @@ def serve(args: argparse.Namespace) -> None:
     ]
     if args.num_blocks:
         executor += ["--num-blocks", str(args.num_blocks)]
+    if args.enforce_eager:
+        executor.append("--enforce-eager")
     gateway = [
         "--host",
         args.host,
@@ -173,9 +176,7 @@ def serve(args: argparse.Namespace) -> None:
         os.environ["TURNSTILE_API_KEY"] = args.api_key
     url = f"http://{args.host}:{args.port}"
     try:
-        code = launch(
-            common, gateway, scheduler, executor, args.num_executors, url, args.ready_timeout
-        )
+        code = launch(common, gateway, scheduler, executor, url, args.ready_timeout)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     sys.exit(code)

@@ -1,34 +1,22 @@
 """A Llama-family decoder (Llama 3, Mistral, SmolLM; Qwen2's qkv bias) over a paged KV cache.
 
-Written as plain tensor code with fused projections (one qkv and one gate-up matmul a layer,
-residual adds fused into the o and down projections): on the CPU every avoided op is time
-saved per layer per step.
+The model keeps the weights and the layer math, written as plain tensor code with fused
+projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
+projections); the backend brings the projections and attention kernels, and runs the step
+(`executor_svc/backend.py`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from executor_svc.model.attention import AttentionBatch
-from executor_svc.model.linear import Linear
-from executor_svc.model.native_decode import NativeDecode
-from kernels import cpu_native, native_attention
+from executor_svc.model.layer_weights import LayerWeights
+from executor_svc.model.projection import ProjectionFactory
 from shared.model_info import ModelInfo
-
-
-@dataclass(slots=True)
-class LayerWeights:
-    input_norm: torch.Tensor
-    qkv: Linear
-    o_proj: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
 
 
 def rope_inverse_frequencies(info: ModelInfo) -> torch.Tensor:
@@ -63,14 +51,15 @@ class LlamaModel:
         info: ModelInfo,
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype,
+        activation_dtype: torch.dtype,
         device: torch.device,
+        projection: ProjectionFactory,
     ) -> None:
+        """Weights in `dtype` on `device`; activations, norms and the KV cache in
+        `activation_dtype`; each projection made by the backend's `projection`."""
         self.info = info
         self.dtype = dtype
-        # The native CPU kernels multiply bf16 weights in fp32 arithmetic, so with them the
-        # activations and KV cache stay fp32: bf16 halves the weight bytes, not the precision.
-        native = cpu_native.multiplies(device, dtype)
-        self.activation_dtype = torch.float32 if native else dtype
+        self.activation_dtype = activation_dtype
 
         def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             return weights[name].to(device=device, dtype=as_dtype).contiguous()
@@ -81,10 +70,10 @@ class LlamaModel:
             k = interleave_rotary_halves(k, info.num_kv_heads, info.head_dim)
             return torch.cat((q, k, v))
 
-        self.embed = take("model.embed_tokens.weight")
+        self.embed_weight = take("model.embed_tokens.weight")
         self.norm = take("model.norm.weight", self.activation_dtype)
         tied = "lm_head.weight" not in weights
-        self.lm_head = Linear(self.embed if tied else take("lm_head.weight"))
+        self.lm_head = projection(self.embed_weight if tied else take("lm_head.weight"), None)
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
@@ -93,15 +82,16 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=take(prefix + "input_layernorm.weight", self.activation_dtype),
-                    qkv=Linear(qkv(attn, "weight"), bias),
-                    o_proj=Linear(take(attn + "o_proj.weight")),
+                    qkv=projection(qkv(attn, "weight"), bias),
+                    o_proj=projection(take(attn + "o_proj.weight"), None),
                     post_norm=take(
                         prefix + "post_attention_layernorm.weight", self.activation_dtype
                     ),
-                    gate_up=Linear(
-                        torch.cat((take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")))
+                    gate_up=projection(
+                        torch.cat((take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight"))),
+                        None,
                     ),
-                    down=Linear(take(mlp + "down_proj.weight")),
+                    down=projection(take(mlp + "down_proj.weight"), None),
                 )
             )
         positions = torch.arange(info.max_model_len, dtype=torch.float32)
@@ -109,12 +99,12 @@ class LlamaModel:
         # cos + i sin per position and frequency, complex64 whatever the model's dtype.
         self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
         self.scale = info.head_dim**-0.5
-        fused = native and NativeDecode.supports(info)
-        self.native_decode = NativeDecode(info, self.layers, self.rotations) if fused else None
 
-    def fuses(self, kernels: ModuleType) -> bool:
-        """Whether steps attended by `kernels` run through the fused native layers."""
-        return self.native_decode is not None and kernels is native_attention
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._rms_norm(hidden, self.norm)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
@@ -127,46 +117,15 @@ class LlamaModel:
         rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2)
         return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        batch: AttentionBatch,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> torch.Tensor:
-        """Hidden states after the final norm, one row per input token."""
-        hidden = F.embedding(input_ids, self.embed).to(self.activation_dtype)
-        decodes, prefills = batch.decode_tokens, batch.prefill_tokens
-        fused = self.fuses(batch.kernels)
-        if fused and batch.token_plan is not None:
-            hidden = self.native_decode(
-                hidden, positions, batch.token_plan, batch.slot_mapping, kv_caches
-            )
-        elif not fused or not len(decodes):
-            hidden = self._torch_layers(hidden, positions, batch, kv_caches)
-        else:
-            # Long prefill chunks through the torch layers, the decode rows beside them through
-            # the fused ones. The halves touch different sequences' KV (shared prefix blocks
-            # are full and only read), so their order does not matter.
-            hidden[prefills] = self._torch_layers(
-                hidden[prefills], positions[prefills], batch.prefill_only(), kv_caches
-            )
-            hidden[decodes] = self.native_decode(
-                hidden[decodes],
-                positions[decodes],
-                batch.decode_plan,
-                batch.slot_mapping[decodes],
-                kv_caches,
-            )
-        return self._rms_norm(hidden, self.norm)
-
-    def _torch_layers(
+    def layers_forward(
         self,
         hidden: torch.Tensor,
         positions: torch.Tensor,
         batch: AttentionBatch,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
+        """Every layer over `hidden` (embedded tokens), attended by `batch`; before the final
+        norm."""
         info = self.info
         heads, kv_heads, head_dim = info.num_heads, info.num_kv_heads, info.head_dim
         rotations = self.rotations[positions].unsqueeze(1)

@@ -1,29 +1,41 @@
 """Rows that each attend one token, one native call a layer (`kernels/native/decode_layer.c`)
 instead of some twenty torch calls: with one or a few rows, Python and dispatch cost more than
 the arithmetic. A row is a decode, or a token of a short prefill chunk attending its sequence
-up to itself (`AttentionBatch.token_plan`); long chunks take the torch path in llama.py, alone
-or beside decode rows. Both paths read and write the same KV cache."""
+up to itself (`Route.FUSED`); long chunks take the model's layers, alone or beside decode rows
+(`Route.SPLIT`). Both read and write the same KV cache."""
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 import torch
 
-from executor_svc.model.linear import Linear
+from executor_svc.backends.packed_projection import PackedProjection
+from executor_svc.model.layer_weights import LayerWeights
+from executor_svc.model.projection import Projection
 from kernels import cpu_native
-from kernels.native_attention import DecodePlan
+from kernels.reference import DecodePlan
 from shared.model_info import ModelInfo
-
-if TYPE_CHECKING:  # llama.py imports this module
-    from executor_svc.model.llama import LayerWeights
 
 PROFILE_LABEL = "native::decode_layers"  # what `turnstile bench step` finds them by
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
+
+
+def _projection(projection: Projection) -> PackedProjection:
+    if not isinstance(projection, PackedProjection):
+        raise TypeError("the fused native layers need the cpu backend's projections")
+    return projection
+
+
+def _packed(projection: Projection) -> torch.Tensor:
+    return _projection(projection).packed
+
+
+def _bias(projection: Projection) -> torch.Tensor | None:
+    return _projection(projection).bias
 
 
 class NativeDecode:
@@ -35,29 +47,25 @@ class NativeDecode:
     def __init__(
         self, info: ModelInfo, layers: list[LayerWeights], rotations: torch.Tensor
     ) -> None:
-        """Every projection of `layers` native-packed, all in one dtype."""
+        """Every projection of `layers` a `PackedProjection`, all in one dtype."""
         lib = cpu_native.library()
         assert lib is not None
         self._lib = lib
         self.info = info
         self._rotations = torch.view_as_real(rotations)  # [positions, dim / 2, 2] float32
-        projections: list[Linear] = [
-            p for layer in layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-        ]
-        assert all(p.packed is not None for p in projections)
-        bf16 = projections[0].packed.dtype == torch.bfloat16  # type: ignore[union-attr]
+        bf16 = _packed(layers[0].qkv).dtype == torch.bfloat16
         self._layer = lib.decode_layer_bf16 if bf16 else lib.decode_layer_f32
         self._weights = [
             tuple(
                 _address(t)
                 for t in (
                     layer.input_norm,
-                    layer.qkv.packed,
-                    layer.qkv.bias,
-                    layer.o_proj.packed,
+                    _packed(layer.qkv),
+                    _bias(layer.qkv),
+                    _packed(layer.o_proj),
                     layer.post_norm,
-                    layer.gate_up.packed,
-                    layer.down.packed,
+                    _packed(layer.gate_up),
+                    _packed(layer.down),
                 )
             )
             for layer in layers

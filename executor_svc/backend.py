@@ -1,0 +1,184 @@
+"""The seam between the model and a device: one `Backend` per device (`executor_svc/backends/`).
+
+A backend moves a step's inputs onto its device, brings the projections and attention kernels
+the model's layers call, chooses the step's route (`route`, the one place that does), runs it
+(`forward`), and samples on the device. The model keeps the weights and the layer math.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from executor_svc.cpu_runtime import best_dtype, keep_freed_memory
+from executor_svc.model.attention import AttentionBatch, PagedAttention, PrefillPlan
+from executor_svc.model.llama import LlamaModel
+from executor_svc.model.projection import DenseProjection, Projection
+from executor_svc.plan_applier import StepInputs
+from executor_svc.runner_config import RunnerConfig
+from executor_svc.sampler import (
+    Sampled,
+    SamplingArrays,
+    SamplingBatch,
+    generator_noise,
+    sample,
+)
+from executor_svc.staging import Staging
+from executor_svc.step_layout import StepLayout
+from kernels.reference import DecodePlan
+from shared.model_info import ModelInfo
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Route(enum.Enum):
+    LAYERS = "layers"  # every token through the model's layers, attention batched by kind
+    FUSED = "fused"  # every token a row of the backend's fused layers, to itself as a decode
+    SPLIT = "split"  # prefill chunks through the model's layers, decode rows fused
+
+
+@dataclass(slots=True, frozen=True)
+class FusedRows:
+    """Tokens for a backend's fused layers: each attends its sequence up to itself."""
+
+    plan: DecodePlan
+    slot_mapping: torch.Tensor
+    tokens: torch.Tensor | None  # which of the step's tokens; None: all of them
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceStep:
+    """One step's inputs on the device, laid out for its route."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    logits_indices: torch.Tensor
+    sampling: SamplingBatch
+    layers: AttentionBatch | None  # tokens through the model's layers
+    layer_tokens: torch.Tensor | None  # which tokens; None: all of them
+    fused: FusedRows | None
+
+    @property
+    def all_decode(self) -> bool:
+        return self.fused is None and self.layers is not None and self.layers.prefill is None
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
+        self.config = config
+        self.info = info
+        self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
+        self.staging = Staging(self.device)
+        self.model: LlamaModel | None = None
+        self.kv_caches: KVCaches = []
+
+    @property
+    @abstractmethod
+    def attention(self) -> PagedAttention: ...
+
+    def default_dtype(self) -> str:
+        return best_dtype(self.device)
+
+    def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of activations and the KV cache for weights of `weight_dtype`."""
+        return weight_dtype
+
+    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Projection:
+        return DenseProjection(weight, bias)
+
+    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
+        """The model and cache every later step runs on."""
+        self.model, self.kv_caches = model, kv_caches
+
+    def route(self, layout: StepLayout) -> Route:
+        return Route.LAYERS
+
+    def upload(self, inputs: StepInputs, sampling: SamplingArrays) -> DeviceStep:
+        """The step's host arrays, laid out for its route, onto the device in one copy."""
+        layout = StepLayout(inputs)
+        route = self.route(layout)
+        arrays = layout.arrays(route.value) | sampling.arrays()
+        on = self.staging.upload(arrays)
+        size = self.config.block_size
+        common = {
+            "input_ids": on["input_ids"],
+            "positions": on["positions"],
+            "logits_indices": on["logits_indices"],
+            "sampling": SamplingBatch(sampling, on),
+        }
+        if route is Route.FUSED:
+            plan = DecodePlan(on["fused_tables"], on["fused_lens"], size)
+            fused = FusedRows(plan, on["slot_mapping"], None)
+            return DeviceStep(**common, layers=None, layer_tokens=None, fused=fused)
+        prefill = None
+        if layout.prefill_rows.size:
+            prefill = PrefillPlan(
+                on["prefill_tables"], on["prefill_lens"], on["prefill_start"], layout.longest
+            )
+        if route is Route.SPLIT:
+            plan = DecodePlan(on["decode_tables"], on["decode_lens"], size)
+            fused = FusedRows(plan, on["decode_slots"], on["decode_tokens"])
+            layers = AttentionBatch(self.attention, on["prefill_slots"], None, None, prefill, None)
+            return DeviceStep(
+                **common, layers=layers, layer_tokens=on["prefill_tokens"], fused=fused
+            )
+        decode = None
+        if layout.decode_rows.size:
+            decode = self.attention.plan_decode(on["decode_tables"], on["decode_lens"], size)
+        layers = AttentionBatch(
+            self.attention,
+            on["slot_mapping"],
+            decode,
+            on.get("decode_tokens"),
+            prefill,
+            on.get("prefill_tokens"),
+        )
+        return DeviceStep(**common, layers=layers, layer_tokens=None, fused=None)
+
+    def forward(self, step: DeviceStep) -> torch.Tensor:
+        """The hidden states after the final norm, one row per token of the step."""
+        model = self.model
+        assert model is not None, "bind() first"
+        hidden = model.embed(step.input_ids)
+        if step.layers is not None:
+            tokens = step.layer_tokens
+            if tokens is None:
+                hidden = model.layers_forward(hidden, step.positions, step.layers, self.kv_caches)
+            else:
+                hidden[tokens] = model.layers_forward(
+                    hidden[tokens], step.positions[tokens], step.layers, self.kv_caches
+                )
+        if step.fused is not None:
+            # The two halves touch different sequences' KV (shared prefix blocks are full and
+            # only read), so their order does not matter.
+            tokens = step.fused.tokens
+            if tokens is None:
+                hidden = self.fused_layers(hidden, step.positions, step.fused)
+            else:
+                hidden[tokens] = self.fused_layers(
+                    hidden[tokens], step.positions[tokens], step.fused
+                )
+        return model.final_norm(hidden)
+
+    def fused_layers(
+        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows
+    ) -> torch.Tensor:
+        """Every layer for rows that each attend one token; only where `route` picks it."""
+        raise NotImplementedError(f"the {self.name} backend has no fused layers")
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> Sampled:
+        return sample(logits, batch, self.argmax, self.noise)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def noise(self, keys: torch.Tensor, vocab: int) -> torch.Tensor:
+        return generator_noise(keys, vocab)

@@ -1,0 +1,100 @@
+"""The CPU backend on the native kernels (`kernels/native/*.c`, AVX2 and FMA): projections on
+weights packed in panels, decode attention reading the paged cache in place, and whole decode
+layers in one call for steps of few tokens (`native_decode.py`). Prefill attention is the torch
+reference's, whose batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import torch
+
+from executor_svc.backend import Backend, FusedRows, KVCaches, Route
+from executor_svc.backends.native_decode import NativeDecode
+from executor_svc.backends.packed_projection import PackedProjection
+from executor_svc.backends.torch_reference import TorchAttention
+from executor_svc.model.attention import PagedAttention
+from executor_svc.model.llama import LlamaModel
+from executor_svc.runner_config import RunnerConfig
+from executor_svc.step_layout import StepLayout
+from kernels import cpu_native, native_attention
+from kernels.reference import DecodePlan
+from shared.model_info import ModelInfo
+
+NATIVE_DTYPES = ("float32", "bfloat16", "auto")
+
+
+class NativeAttention(TorchAttention):
+    def plan_decode(
+        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+    ) -> DecodePlan:
+        return DecodePlan(block_tables, seq_lens, block_size)
+
+    def decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: DecodePlan,
+        scale: float,
+    ) -> torch.Tensor:
+        return native_attention.paged_decode_attention(query, k_cache, v_cache, plan, scale)
+
+
+class CpuNativeBackend(Backend):
+    name = "cpu"
+
+    @staticmethod
+    def runs(config: RunnerConfig) -> bool:
+        """Whether this backend can serve `config` here."""
+        return (
+            config.device == "cpu"
+            and config.dtype in NATIVE_DTYPES
+            and cpu_native.library() is not None
+        )
+
+    def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
+        if not self.runs(config):
+            raise ValueError(
+                f"the cpu backend needs device cpu, dtype float32 or bfloat16 and the native "
+                f"kernels (AVX2, FMA, a C compiler); got device {config.device}, dtype "
+                f"{config.dtype}, kernels {'built' if cpu_native.library() else 'unavailable'}"
+            )
+        super().__init__(config, info)
+        native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats
+        self._attention = NativeAttention() if native else TorchAttention()
+        self._native: NativeDecode | None = None
+
+    @property
+    def attention(self) -> PagedAttention:
+        return self._attention
+
+    def default_dtype(self) -> str:
+        return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)
+
+    def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
+        return torch.float32
+
+    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedProjection:
+        return PackedProjection(weight, bias)
+
+    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
+        super().bind(model, kv_caches)
+        if NativeDecode.supports(model.info):
+            self._native = NativeDecode(model.info, model.layers, model.rotations)
+
+    def route(self, layout: StepLayout) -> Route:
+        """With one or a few rows, Python and dispatch cost more than the arithmetic: decode
+        rows, and the tokens of short prefill chunks, go through the fused layers."""
+        if self._native is None:
+            return Route.LAYERS
+        if not len(layout.prefill_rows) or layout.short_prefill():
+            return Route.FUSED
+        return Route.SPLIT if len(layout.decode_rows) else Route.LAYERS
+
+    def fused_layers(
+        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows
+    ) -> torch.Tensor:
+        assert self._native is not None
+        return self._native(hidden, positions, rows.plan, rows.slot_mapping, self.kv_caches)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return cpu_native.argmax(logits)

@@ -1,0 +1,100 @@
+"""The CUDA backend: Triton attention (`kernels/triton_attention.py`, as the torch custom ops of
+`kernels/triton_ops.py`), cuBLAS projections, bf16 weights and KV cache, sampling on the device,
+CUDA graphs for decode steps (`cuda_graphs.py`).
+
+A step's host arrays reach the GPU in one pinned, non-blocking copy (`Staging`); the forward
+pass and sampling never wait for the host; one device-to-host copy returns the sampled ids.
+It also runs on the CPU under TRITON_INTERPRET=1 and on the `meta` device (the kernels' fake
+implementations), which is how a machine without a GPU tests it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor_svc.backend import Backend, DeviceStep, KVCaches
+from executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
+from executor_svc.model.attention import PagedAttention, PrefillPlan
+from executor_svc.model.llama import LlamaModel
+from executor_svc.runner_config import RunnerConfig
+from executor_svc.sampler import hashed_noise
+from kernels import triton_ops
+from kernels.reference import DecodePlan
+from shared.model_info import ModelInfo
+
+
+class TritonAttention(PagedAttention):
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        triton_ops.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: DecodePlan,
+        scale: float,
+    ) -> torch.Tensor:
+        return triton_ops.paged_decode(
+            query, k_cache, v_cache, plan.block_tables, plan.seq_lens, plan.block_size, scale
+        )
+
+    def prefill(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: PrefillPlan,
+        scale: float,
+    ) -> torch.Tensor:
+        return triton_ops.paged_prefill(
+            query, k_cache, v_cache, plan.block_tables, plan.seq_lens, plan.query_start, scale,
+            plan.longest,
+        )  # fmt: skip
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    _attention = TritonAttention()
+
+    def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
+        super().__init__(config, info)
+        self._graphs: DecodeGraphs | None = None
+
+    @property
+    def attention(self) -> PagedAttention:
+        return self._attention
+
+    def default_dtype(self) -> str:
+        return "bfloat16"
+
+    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
+        super().bind(model, kv_caches)
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            config = self.config
+            max_len = config.max_model_len or self.info.max_model_len
+            self._graphs = DecodeGraphs(
+                model,
+                kv_caches,
+                self.attention,
+                capture_sizes(config.max_num_seqs),
+                -(-max_len // config.block_size),
+                config.block_size,
+            )
+
+    def forward(self, step: DeviceStep) -> torch.Tensor:
+        if self._graphs is not None and step.all_decode:
+            hidden = self._graphs.replay(step)
+            if hidden is not None:
+                return hidden
+        return super().forward(step)
+
+    def noise(self, keys: torch.Tensor, vocab: int) -> torch.Tensor:
+        return hashed_noise(keys, vocab)

@@ -1,0 +1,20 @@
+"""One decoder layer's weights, as the model's layer math and a backend's fused layers read
+them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from executor_svc.model.projection import Projection
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Projection  # q, k, v stacked; q and k rows in interleaved rotary order
+    o_proj: Projection
+    post_norm: torch.Tensor
+    gate_up: Projection  # gate, up stacked
+    down: Projection

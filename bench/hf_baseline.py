@@ -81,8 +81,10 @@ def generate(
             chunk = prompts[first : first + batch]
             wanted = output_lens[first : first + batch]
             width = max(len(p) for p in chunk)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=model.device)
+            mask = torch.tensor(
+                [[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device
+            )
             clock = _StepClock()
             model.generate(
                 ids,

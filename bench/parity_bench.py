@@ -1,5 +1,6 @@
 """`turnstile bench parity`: how many greedy tokens match Hugging Face transformers (fp32, each
-prompt alone) when Turnstile runs the prompts together in float32 and in bfloat16."""
+prompt alone) when Turnstile runs the prompts together in float32 and in bfloat16, on the CPU or
+(`turnstile bench gpu`) a GPU, both sides on the same device."""
 
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ def prompt_ids() -> list[list[int]]:
     return [tokenizer.encode(prompt) for prompt in PROMPTS]
 
 
-def hf_greedy(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    model = hf_baseline.load_model(embedded_model_path(), torch.float32)
+def hf_greedy(prompts: list[list[int]], new_tokens: int, device: str = "cpu") -> list[list[int]]:
+    model = hf_baseline.load_model(embedded_model_path(), torch.float32).to(device)
     outputs = []
     with torch.inference_mode():
         for ids in prompts:
             generated = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                torch.tensor([ids], device=device),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
                 max_new_tokens=new_tokens,
                 do_sample=False,
                 pad_token_id=2,
@@ -57,13 +58,14 @@ def greedy_requests(prompts: list[list[int]], new_tokens: int) -> list[AddReques
     ]
 
 
-def agreement(new_tokens: int = 64) -> dict[str, tuple[int, int, int]]:
+def agreement(new_tokens: int = 64, device: str = "cpu") -> dict[str, tuple[int, int, int]]:
     """Per dtype: (prompts identical to HF, tokens before the first divergence, tokens)."""
     prompts = prompt_ids()
-    reference = hf_greedy(prompts, new_tokens)
+    reference = hf_greedy(prompts, new_tokens, device)
     report = {}
     for dtype in ("float32", "bfloat16"):
-        engine = OfflineEngine(RunnerConfig(embedded_model_path(), dtype=dtype, num_blocks=512))
+        config = RunnerConfig(embedded_model_path(), dtype=dtype, device=device, num_blocks=512)
+        engine = OfflineEngine(config)
         results = engine.generate(greedy_requests(prompts, new_tokens))
         same_prefix = 0
         for ours, theirs in zip(results, reference, strict=True):

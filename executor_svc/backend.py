@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import torch
 
-from executor_svc.cpu_runtime import best_dtype, keep_freed_memory
-from executor_svc.model.attention import AttentionBatch, PagedAttention, PrefillPlan
+from executor_svc.cpu_runtime import keep_freed_memory
+from executor_svc.model.attention import AttentionBatch, PagedAttention
 from executor_svc.model.llama import LlamaModel
 from executor_svc.model.projection import DenseProjection, Projection
 from executor_svc.plan_applier import StepInputs
@@ -29,7 +29,7 @@ from executor_svc.sampler import (
 )
 from executor_svc.staging import Staging
 from executor_svc.step_layout import StepLayout
-from kernels.reference import DecodePlan
+from kernels.reference import DecodePlan, PrefillPlan
 from shared.model_info import ModelInfo
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -68,7 +68,10 @@ class DeviceStep:
 
 
 class Backend(ABC):
+    """Subclasses name themselves and set their kernels (`attention`)."""
+
     name: ClassVar[str]
+    attention: PagedAttention
 
     def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
         self.config = config
@@ -80,12 +83,9 @@ class Backend(ABC):
         self.model: LlamaModel | None = None
         self.kv_caches: KVCaches = []
 
-    @property
     @abstractmethod
-    def attention(self) -> PagedAttention: ...
-
     def default_dtype(self) -> str:
-        return best_dtype(self.device)
+        """The weights' dtype for `--dtype auto`: the fastest this device multiplies well."""
 
     def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         """The dtype of activations and the KV cache for weights of `weight_dtype`."""

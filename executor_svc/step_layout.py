@@ -11,7 +11,7 @@ from executor_svc.plan_applier import StepInputs
 # A step whose prefill chunks are short may run every token as a row of its own through a
 # backend's fused decode layers, each attending its sequence up to itself; a token then reads
 # its whole context, where a batched prefill reads it once per chunk. Hence two limits (the
-# figures: docs/benchmarks.md, "Short prefill chunks through the fused layers").
+# figures: docs/benchmarks.md, "Where a decode step goes").
 SHORT_PREFILL_TOKENS = 512
 SHORT_PREFILL_CONTEXT = 32768  # summed over the prefill tokens: the positions they attend
 

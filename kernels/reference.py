@@ -47,6 +47,16 @@ class DecodePlan:
     visible: torch.Tensor | None = None  # [rows, 1, 1, width * block_size], this module's
 
 
+@dataclass(slots=True, frozen=True)
+class PrefillPlan:
+    """The rows of a step that compute several tokens (prompt chunks)."""
+
+    block_tables: torch.Tensor  # [rows, width]
+    seq_lens: torch.Tensor  # [rows]: KV length once this step's tokens are written
+    query_start: torch.Tensor  # [rows + 1]: offsets of each row's tokens
+    longest: int  # the longest row's token count, known to the host
+
+
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
     width = block_tables.shape[1]
     positions = torch.arange(width * block_size, device=block_tables.device)
@@ -75,20 +85,17 @@ def paged_prefill_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    plan: PrefillPlan,
     scale: float,
-    longest: int,
 ) -> torch.Tensor:
     """Causal attention of each row's new tokens (a prompt chunk, possibly after a cached or
     earlier-computed prefix) against the row's paged KV, new tokens included.
 
-    `query` is [tokens, heads, head_dim], rows concatenated; `query_start_loc` has rows + 1
-    offsets; `longest` is the longest row's count, known to the host. Rows are padded to it,
+    `query` is [tokens, heads, head_dim], rows concatenated. Rows are padded to the longest,
     so batch long chunks with each other and decodes separately (`paged_decode_attention`).
     """
-    rows = block_tables.shape[0]
+    block_tables, seq_lens, query_start_loc = plan.block_tables, plan.seq_lens, plan.query_start
+    longest, rows = plan.longest, plan.block_tables.shape[0]
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     index = torch.arange(longest, device=query.device)
     token = (query_start_loc[:-1, None] + index[None, :]).clamp(max=query.shape[0] - 1)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import DecodePlan
+from kernels.reference import DecodePlan, PrefillPlan
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -235,16 +235,14 @@ def paged_prefill_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    plan: PrefillPlan,
     scale: float,
-    longest: int,
     block_m: int = 16,
 ) -> torch.Tensor:
-    """`longest`: the longest row's token count, known to the host (the grid needs it)."""
+    """The grid needs `plan.longest`, which the host knows: no sync."""
     _, heads, dim = query.shape
-    rows = block_tables.shape[0]
+    block_tables, seq_lens, query_start_loc = plan.block_tables, plan.seq_lens, plan.query_start
+    rows, longest = block_tables.shape[0], plan.longest
     out = torch.empty_like(query)
     paged_prefill_kernel[(rows, heads, triton.cdiv(longest, block_m))](
         out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,

@@ -1,13 +1,14 @@
 """The Triton kernels as torch custom ops (`torch.ops.turnstile.*`), each with a fake
 implementation: FakeTensor, the `meta` device and `torch.compile` trace a whole step through
-them without running a kernel, and CUDA graphs capture them like any op."""
+them without running a kernel, and CUDA graphs capture them like any op. `decode` and `prefill`
+take the plans the other kernel sets take (a custom op takes tensors and numbers only)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernels import triton_attention
-from kernels.reference import DecodePlan
+from kernels.reference import DecodePlan, PrefillPlan
 
 
 @torch.library.custom_op("turnstile::write_kv", mutates_args=("k_cache", "v_cache"))
@@ -46,9 +47,30 @@ def paged_prefill(
     scale: float,
     longest: int,
 ) -> torch.Tensor:
-    return triton_attention.paged_prefill_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, longest
-    )
+    plan = PrefillPlan(block_tables, seq_lens, query_start_loc, longest)
+    return triton_attention.paged_prefill_attention(query, k_cache, v_cache, plan, scale)
+
+
+def decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+) -> torch.Tensor:
+    tables, lens = plan.block_tables, plan.seq_lens
+    return paged_decode(query, k_cache, v_cache, tables, lens, plan.block_size, scale)
+
+
+def prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefillPlan,
+    scale: float,
+) -> torch.Tensor:
+    tables, lens, start = plan.block_tables, plan.seq_lens, plan.query_start
+    return paged_prefill(query, k_cache, v_cache, tables, lens, start, scale, plan.longest)
 
 
 def _on_one_device(*tensors: torch.Tensor) -> None:

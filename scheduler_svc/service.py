@@ -71,6 +71,7 @@ class SchedulerService:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
             if self.link.disconnects in ready:
                 self.link.disconnects.recv_multipart()
+                self._drain_executors()  # what a leaving executor sent last (its StepFailed) first
                 self._probe_executors()
                 self._probe_at = time.monotonic() + PROBE_DELAY
             if self.gateways.disconnects in ready:

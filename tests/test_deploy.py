@@ -20,13 +20,28 @@ def compose() -> dict:
 
 def test_every_turnstile_service_runs_a_real_subcommand_with_valid_flags() -> None:
     services = compose()["services"]
-    turnstile = {name: s for name, s in services.items() if s.get("image") == "turnstile:latest"}
+    turnstile = {
+        name: s for name, s in services.items() if s.get("image", "").startswith("turnstile:")
+    }
     assert {"scheduler", "executor", "executor-cuda", "gateway"} <= set(turnstile)
     for name, service in turnstile.items():
         args = build_parser().parse_args(service["command"])
         assert args.command in ("scheduler", "executor", "gateway"), name
     cuda = services["executor-cuda"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert cuda["driver"] == "nvidia" and "gpu" in cuda["capabilities"]
+
+
+def test_the_cuda_profile_builds_torch_from_a_cuda_wheel_index() -> None:
+    """The Dockerfile's torch comes from TORCH_INDEX (the CPU wheels by default); the cuda
+    profile's image passes a CUDA one, under a tag of its own."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert "--index-url ${TORCH_INDEX}" in dockerfile
+    cuda = compose()["services"]["executor-cuda"]
+    index = cuda["build"]["args"]["TORCH_INDEX"]
+    assert "download.pytorch.org/whl/cu" in index and cuda["image"] != "turnstile:latest"
+    args = build_parser().parse_args(cuda["command"])
+    assert args.device == "cuda" and args.backend == "auto"
 
 
 def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
@@ -39,7 +54,7 @@ def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
     for job, target in targets.items():
         host, port = target.split(":")
         args = build_parser().parse_args(services[job]["command"])
-        served = args.port if job == "gateway" else args.metrics_port + getattr(args, "rank", 0)
+        served = args.port if job == "gateway" else args.metrics_port
         assert (host, int(port)) == (job, served)
         assert port in [str(p) for p in services[job].get("expose", [])] + [
             p.split(":")[-1] for p in services[job].get("ports", [])

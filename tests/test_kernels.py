@@ -64,7 +64,8 @@ def test_chunked_prefill_over_cached_prefix_matches_reference(
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype, seed=1)
     query_start = torch.tensor([0] + [new for _, new in rows]).cumsum(0)
     query = torch.randn(int(query_start[-1]), HEADS, DIM).to(dtype)
-    args = (query, k_cache, v_cache, tables, lens, query_start, DIM**-0.5, 40)
+    plan = reference.PrefillPlan(tables, lens, query_start, longest=40)
+    args = (query, k_cache, v_cache, plan, DIM**-0.5)
     expected = reference.paged_prefill_attention(*args)
     got = triton_kernels.paged_prefill_attention(*args)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -84,12 +85,24 @@ def test_kv_write_by_slot_mapping_matches_reference(dtype: torch.dtype) -> None:
     assert caches[0].abs().sum() > 0
 
 
+def test_kv_write_skips_slot_minus_one_the_padding_rows_of_a_cuda_graph() -> None:
+    shape = (4, 16, KV_HEADS, DIM)
+    key, value = torch.randn(3, KV_HEADS, DIM), torch.randn(3, KV_HEADS, DIM)
+    k_cache, v_cache = torch.zeros(shape), torch.zeros(shape)
+    triton_kernels.write_kv(key, value, k_cache, v_cache, torch.tensor([5, -1, 20]))
+    flat = k_cache.view(-1, KV_HEADS, DIM)
+    assert torch.equal(flat[5], key[0]) and torch.equal(flat[20], key[2])
+    assert torch.count_nonzero(flat.abs().sum(dim=(1, 2))) == 2
+    assert torch.equal(v_cache.view(-1, KV_HEADS, DIM)[20], value[2])
+
+
 def test_reference_prefill_equals_dense_causal_attention() -> None:
     """The reference itself, against attention on unpaged tensors."""
     k_cache, v_cache, tables, lens = paged_setup([21], 16, torch.float32, seed=2)
     query = torch.randn(21, HEADS, DIM)
     start = torch.tensor([0, 21])
-    got = reference.paged_prefill_attention(query, k_cache, v_cache, tables, lens, start, 0.125, 21)
+    plan = reference.PrefillPlan(tables, lens, start, longest=21)
+    got = reference.paged_prefill_attention(query, k_cache, v_cache, plan, 0.125)
     keys = k_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     values = v_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query, keys) * 0.125

@@ -38,6 +38,14 @@ def parity(args: argparse.Namespace) -> None:
         )
 
 
+def gpu(args: argparse.Namespace) -> None:
+    import json
+
+    from bench.gpu_bench import run
+
+    print(json.dumps(run(args.nominal_tbs, args.new_tokens, args.steps), indent=2))
+
+
 def startup(args: argparse.Namespace) -> None:
     from bench.startup_bench import report
 

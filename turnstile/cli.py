@@ -252,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     parity = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     parity.add_argument("--new-tokens", type=int, default=64)
     parity.set_defaults(handler=bench_commands.parity)
+    gpu = bench.add_parser(
+        "gpu", help="the CUDA backend on this GPU: HF parity, speed, roofline, a served run"
+    )
+    gpu.add_argument(
+        "--nominal-tbs", type=float, default=4.8, help="the GPU's memory bandwidth (H200: 4.8)"
+    )
+    gpu.add_argument("--new-tokens", type=int, default=64, help="parity: tokens per prompt")
+    gpu.add_argument("--steps", type=int, default=20, help="decode steps timed per batch size")
+    gpu.set_defaults(handler=bench_commands.gpu)
     startup = bench.add_parser("startup", help="launch to first answered request")
     startup.add_argument("--runs", type=int, default=3)
     startup.set_defaults(handler=bench_commands.startup)

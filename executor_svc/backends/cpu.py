@@ -10,33 +10,21 @@ import torch
 from executor_svc.backend import Backend, FusedRows, KVCaches, Route
 from executor_svc.backends.native_decode import NativeDecode
 from executor_svc.backends.packed_projection import PackedProjection
-from executor_svc.backends.torch_reference import TorchAttention
+from executor_svc.backends.torch_reference import TORCH_ATTENTION
 from executor_svc.model.attention import PagedAttention
 from executor_svc.model.llama import LlamaModel
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.step_layout import StepLayout
-from kernels import cpu_native, native_attention
-from kernels.reference import DecodePlan
+from kernels import cpu_native, native_attention, reference
 from shared.model_info import ModelInfo
 
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
 
-class NativeAttention(TorchAttention):
-    def plan_decode(
-        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
-    ) -> DecodePlan:
-        return DecodePlan(block_tables, seq_lens, block_size)
-
-    def decode(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: DecodePlan,
-        scale: float,
-    ) -> torch.Tensor:
-        return native_attention.paged_decode_attention(query, k_cache, v_cache, plan, scale)
+# Decode attention reads the paged cache in place; KV writes and prefill stay the reference's.
+NATIVE_ATTENTION = PagedAttention(
+    reference.write_kv, native_attention.paged_decode_attention, reference.paged_prefill_attention
+)
 
 
 class CpuNativeBackend(Backend):
@@ -60,12 +48,8 @@ class CpuNativeBackend(Backend):
             )
         super().__init__(config, info)
         native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats
-        self._attention = NativeAttention() if native else TorchAttention()
+        self.attention = NATIVE_ATTENTION if native else TORCH_ATTENTION
         self._native: NativeDecode | None = None
-
-    @property
-    def attention(self) -> PagedAttention:
-        return self._attention
 
     def default_dtype(self) -> str:
         return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)

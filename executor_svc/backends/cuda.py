@@ -14,63 +14,23 @@ import torch
 
 from executor_svc.backend import Backend, DeviceStep, KVCaches
 from executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
-from executor_svc.model.attention import PagedAttention, PrefillPlan
+from executor_svc.model.attention import PagedAttention
 from executor_svc.model.llama import LlamaModel
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.sampler import hashed_noise
 from kernels import triton_ops
-from kernels.reference import DecodePlan
 from shared.model_info import ModelInfo
 
-
-class TritonAttention(PagedAttention):
-    def write_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        triton_ops.write_kv(key, value, k_cache, v_cache, slot_mapping)
-
-    def decode(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: DecodePlan,
-        scale: float,
-    ) -> torch.Tensor:
-        return triton_ops.paged_decode(
-            query, k_cache, v_cache, plan.block_tables, plan.seq_lens, plan.block_size, scale
-        )
-
-    def prefill(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: PrefillPlan,
-        scale: float,
-    ) -> torch.Tensor:
-        return triton_ops.paged_prefill(
-            query, k_cache, v_cache, plan.block_tables, plan.seq_lens, plan.query_start, scale,
-            plan.longest,
-        )  # fmt: skip
+TRITON_ATTENTION = PagedAttention(triton_ops.write_kv, triton_ops.decode, triton_ops.prefill)
 
 
 class CudaBackend(Backend):
     name = "cuda"
-    _attention = TritonAttention()
+    attention = TRITON_ATTENTION
 
     def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
         super().__init__(config, info)
         self._graphs: DecodeGraphs | None = None
-
-    @property
-    def attention(self) -> PagedAttention:
-        return self._attention
 
     def default_dtype(self) -> str:
         return "bfloat16"

@@ -4,64 +4,25 @@ host-known shapes and reused by every layer."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from kernels.reference import DecodePlan
+from kernels.reference import DecodePlan, PrefillPlan
 
-
-class PagedAttention(ABC):
-    """KV-cache writes and attention over a paged cache (layout in `kernels/reference.py`)."""
-
-    @abstractmethod
-    def write_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None: ...
-
-    def plan_decode(
-        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
-    ) -> DecodePlan:
-        """Built once a step for every layer's `decode`; most kernels read the tables as they
-        are."""
-        return DecodePlan(block_tables, seq_lens, block_size)
-
-    @abstractmethod
-    def decode(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: DecodePlan,
-        scale: float,
-    ) -> torch.Tensor:
-        """One query token per row ([rows, heads, head_dim]) against its row's paged KV."""
-
-    @abstractmethod
-    def prefill(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: PrefillPlan,
-        scale: float,
-    ) -> torch.Tensor:
-        """Causal attention of each row's new tokens ([tokens, heads, head_dim], rows
-        concatenated) against the row's paged KV, new tokens included."""
+Tensor = torch.Tensor
 
 
 @dataclass(slots=True, frozen=True)
-class PrefillPlan:
-    block_tables: torch.Tensor  # [rows, width]
-    seq_lens: torch.Tensor  # [rows]: KV length once this step's tokens are written
-    query_start: torch.Tensor  # [rows + 1]: offsets of each row's tokens
-    longest: int  # the longest row's token count, known to the host
+class PagedAttention:
+    """One kernel set (`kernels/`): KV-cache writes, and attention over the paged cache."""
+
+    write_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]  # k, v, caches, slots
+    decode: Callable[[Tensor, Tensor, Tensor, DecodePlan, float], Tensor]
+    prefill: Callable[[Tensor, Tensor, Tensor, PrefillPlan, float], Tensor]
+    # Built once a step for every layer's `decode`; most kernels read the tables as they are.
+    plan_decode: Callable[[Tensor, Tensor, int], DecodePlan] = DecodePlan
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,21 +32,15 @@ class AttentionBatch:
     tokens of each kind; an absent kind is None, and a kind alone needs no index."""
 
     kernels: PagedAttention
-    slot_mapping: torch.Tensor  # KV slot of each token
+    slot_mapping: Tensor  # KV slot of each token
     decode: DecodePlan | None
-    decode_tokens: torch.Tensor | None
+    decode_tokens: Tensor | None
     prefill: PrefillPlan | None
-    prefill_tokens: torch.Tensor | None
+    prefill_tokens: Tensor | None
 
     def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor:
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float
+    ) -> Tensor:
         kernels = self.kernels
         kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if self.prefill is None:

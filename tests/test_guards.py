@@ -18,6 +18,9 @@ from conftest import MODEL
 
 from bench.server_process import Server, healthy, launched_server
 
+# Sampled answers (the API's default temperature is 1) may end at EOS before max_tokens.
+NO_EOS = {"ignore_eos": True}
+
 
 @pytest.fixture(scope="module")
 def guarded_server() -> Iterator[Server]:
@@ -146,7 +149,9 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
     )
     for socket in (gateway_side, executor_side, oversized):
         socket.close(linger=0)
-    answer = client.completions.create(model=MODEL, prompt="Still alive?", max_tokens=4)
+    answer = client.completions.create(
+        model=MODEL, prompt="Still alive?", max_tokens=4, extra_body=NO_EOS
+    )
     assert answer.usage.completion_tokens == 4
 
 
@@ -175,7 +180,7 @@ def test_a_mismatched_executor_is_refused_with_a_clear_reason(service: Server) -
     socket.close(linger=0)
     # The real executor is still the one serving.
     answer = openai.OpenAI(base_url=f"{service.url}/v1", api_key="x").completions.create(
-        model=MODEL, prompt="Still serving?", max_tokens=3
+        model=MODEL, prompt="Still serving?", max_tokens=3, extra_body=NO_EOS
     )
     assert answer.usage.completion_tokens == 3
 
@@ -211,7 +216,9 @@ def test_curve_keys_encrypt_the_links_and_shut_out_peers_without_them(
     env = {"TURNSTILE_CURVE_SECRET_KEY": secret}
     with launched_server("--num-blocks", "64", env=env) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        answer = client.completions.create(model=MODEL, prompt="Secure?", max_tokens=3)
+        answer = client.completions.create(
+            model=MODEL, prompt="Secure?", max_tokens=3, extra_body=NO_EOS
+        )
         assert answer.usage.completion_tokens == 3  # gateway and executor hold the key
         # A peer without the key never completes the handshake: no pipe, nothing to send on.
         intruder = zmq.Context.instance().socket(zmq.DEALER)

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from executor_svc.model.linear import Linear
 
 from bench import hf_baseline
+from executor_svc.backends.packed_projection import PackedProjection
 from executor_svc.cpu_runtime import best_dtype
+from executor_svc.model.projection import DenseProjection
 from executor_svc.runner_config import RunnerConfig
+from kernels import cpu_native
 from shared.model_info import ModelInfo, embedded_model_path
 from shared.protocol import AddRequest, pack_ids
 from turnstile.offline import OfflineEngine
@@ -72,7 +74,8 @@ def _matmul_gflops(rows: int) -> float:
     own and the projection Turnstile uses (the native kernel where it builds)."""
     x = torch.randn(rows, 576)
     weight = torch.randn(1536, 576)
-    projection = Linear(weight)
+    native = cpu_native.library() is not None
+    projection = PackedProjection(weight, None) if native else DenseProjection(weight)
     rates = []
     for multiply in (lambda: torch.nn.functional.linear(x, weight), lambda: projection(x)):
         multiply()

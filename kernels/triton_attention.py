@@ -206,11 +206,6 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
-def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
-    """The kernel reads the tables as they are; nothing to prepare."""
-    return DecodePlan(block_tables, seq_lens, block_size)
-
-
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,

@@ -45,7 +45,7 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, block_size: int) -> 
     query = torch.randn(len(seq_lens), HEADS, DIM).to(dtype)
     expected, got = (
         kernels.paged_decode_attention(
-            query, k_cache, v_cache, kernels.plan_decode(tables, lens, block_size), DIM**-0.5
+            query, k_cache, v_cache, reference.plan_decode(tables, lens, block_size), DIM**-0.5
         )
         for kernels in (reference, triton_kernels)
     )

@@ -15,10 +15,10 @@ import math
 import statistics
 import time
 
-from bench.serve_bench import Job, Outcome, make_jobs, plot, run_load, summarize
-from bench.server_process import Server, launched_server
-from scheduler_svc.service import STATUS_INTERVAL
-from shared.model_info import embedded_model_path, served_name
+from turnstile.bench.serve_bench import Job, Outcome, make_jobs, plot, run_load, summarize
+from turnstile.bench.server_process import Server, launched_server
+from turnstile.scheduler_svc.service import STATUS_INTERVAL
+from turnstile.shared.model_info import embedded_model_path, served_name
 
 
 def _batches(jobs: list[Job], batch: int) -> list[list[Job]]:
@@ -57,10 +57,8 @@ def ideal_ratio(jobs: list[Job], batch: int, with_prompts: bool = False) -> floa
 
 
 MODES = ("continuous", "padded", "compact")
-# Requests go out evenly spaced in job order, so that they reach the scheduler in that order and
-# each static batch is consecutive jobs, as `ideal_ratio` assumes. Sent all at once, their
-# order was the network's: one run's first batch took job 41 for job 15 and ran 55 steps
-# longer than the ideal's schedule.
+# Evenly spaced in job order, so each static batch is consecutive jobs, as `ideal_ratio` assumes
+# (sent all at once, the network reorders them: docs/benchmarks.md, "Behind the code's reasons").
 ARRIVAL_RATE = 100.0
 _STEPS = "turnstile:executor_step_seconds_count"
 _STEP_SECONDS = "turnstile:executor_step_seconds_sum"

@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import hf_baseline, parity_bench
-from executor_svc.runner_config import RunnerConfig
-from shared.model_info import ModelInfo, embedded_model_path, served_name
-from shared.protocol import AddRequest, pack_ids
+from turnstile.bench import hf_baseline, parity_bench
+from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import OfflineEngine
+from turnstile.shared.model_info import ModelInfo, embedded_model_path, served_name
+from turnstile.shared.protocol import AddRequest, pack_ids
+from turnstile.shared.settings import build
 
 DEVICE = "cuda:0"
 # Llama 3.2 1B's shape (random weights): big enough that a step is bound by memory, not launches.
@@ -56,11 +57,15 @@ def parity(new_tokens: int) -> dict[str, object]:
     }
 
 
+def _config(path: Path, max_num_seqs: int) -> RunnerConfig:
+    return build(RunnerConfig, model=str(path), device=DEVICE, max_num_seqs=max_num_seqs)
+
+
 def offline(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int) -> dict[str, float]:
     path = embedded_model_path()
     rng = np.random.default_rng(0)
     token_ids = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(prompts)]
-    engine = OfflineEngine(RunnerConfig(path, device=DEVICE, max_num_seqs=prompts))
+    engine = OfflineEngine(_config(path, prompts))
     engine.generate(_requests(token_ids[:2], 4, first=10**6))  # warm-up
     started = time.perf_counter()
     results = engine.generate(_requests(token_ids, new_tokens))
@@ -102,7 +107,7 @@ def decode_roofline(
 ) -> list[dict[str, float]]:
     """Median decode step time for each batch size, and the time its bytes take at the measured
     and at the nominal bandwidth."""
-    engine = OfflineEngine(RunnerConfig(path, device=DEVICE, max_num_seqs=max(rows)))
+    engine = OfflineEngine(_config(path, max(rows)))
     scheduler, runner = engine.scheduler, engine.runner
     rng = np.random.default_rng(1)
     report = []
@@ -141,8 +146,8 @@ def write_random_llama(folder: Path) -> Path:
 
 
 def served(prompts: int, input_len: int, output_len: int) -> dict[str, object]:
-    from bench.serve_bench import make_jobs, run_load, summarize
-    from bench.server_process import launched_server
+    from turnstile.bench.serve_bench import make_jobs, run_load, summarize
+    from turnstile.bench.server_process import launched_server
 
     jobs = make_jobs("random", prompts, input_len, output_len, seed=0)
     with launched_server("--device", "cuda", ready_timeout=600) as server:

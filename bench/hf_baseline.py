@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from executor_svc.cpu_runtime import native_bf16_matmul
+from turnstile.executor_svc.cpu_runtime import native_bf16_matmul
 
 
 @dataclass(slots=True)

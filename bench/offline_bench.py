@@ -17,15 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bench import hf_baseline
-from executor_svc.backends.packed_projection import PackedProjection
-from executor_svc.cpu_runtime import best_dtype
-from executor_svc.model.projection import DenseProjection
-from executor_svc.runner_config import RunnerConfig
-from kernels import cpu_native
-from shared.model_info import ModelInfo, embedded_model_path
-from shared.protocol import AddRequest, pack_ids
+from turnstile.bench import hf_baseline
+from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.cpu_runtime import best_dtype
+from turnstile.executor_svc.model.projection import DenseProjection
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.kernels import cpu_native
 from turnstile.offline import OfflineEngine
+from turnstile.shared.model_info import ModelInfo, embedded_model_path
+from turnstile.shared.protocol import AddRequest, pack_ids
+from turnstile.shared.settings import build
 
 
 @dataclass(slots=True)
@@ -108,9 +109,7 @@ def run(
         # Never a prompt seen before: ours would come from the prefix cache, HF's would not.
         return [rng.integers(100, 40000, prompt_len).tolist() for _ in range(count)]
 
-    engine = OfflineEngine(
-        RunnerConfig(path, dtype=dtype, max_num_seqs=prompts), max_num_batched_tokens=2048
-    )
+    engine = OfflineEngine(build(RunnerConfig, model=str(path), dtype=dtype, max_num_seqs=prompts))
     engine.generate(_requests(fresh(2), 4))  # warm-up
     hf_dtype = hf_baseline.best_dtype()
     model = hf_baseline.load_model(path, hf_dtype)

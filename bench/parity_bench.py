@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from bench import hf_baseline
-from executor_svc.runner_config import RunnerConfig
-from shared.model_info import embedded_model_path, read_model_info
-from shared.protocol import AddRequest, pack_ids
-from shared.tokenizer import Tokenizer
+from turnstile.bench import hf_baseline
+from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import OfflineEngine
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.protocol import AddRequest, pack_ids
+from turnstile.shared.settings import build
+from turnstile.shared.tokenizer import Tokenizer
 
 PROMPTS = [
     "The capital of France is",
@@ -64,7 +65,7 @@ def agreement(new_tokens: int = 64, device: str = "cpu") -> dict[str, tuple[int,
     reference = hf_greedy(prompts, new_tokens, device)
     report = {}
     for dtype in ("float32", "bfloat16"):
-        config = RunnerConfig(embedded_model_path(), dtype=dtype, device=device, num_blocks=512)
+        config = build(RunnerConfig, dtype=dtype, device=device, num_blocks=512)
         engine = OfflineEngine(config)
         results = engine.generate(greedy_requests(prompts, new_tokens))
         same_prefix = 0

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from executor_svc.simulated_executor import SimulatedExecutor
-from scheduler_svc.scheduler import Scheduler
-from shared.config import SchedulerConfig
-from shared.protocol import AddRequest, BatchPlan, SamplingParams, StepResult, pack_ids
+from turnstile.executor_svc.simulated_executor import SimulatedExecutor
+from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.shared.config import EngineConfig, SchedulerConfig, SchedulingConfig
+from turnstile.shared.protocol import AddRequest, BatchPlan, SamplingParams, StepResult, pack_ids
+from turnstile.shared.settings import build
 
 VOCAB = 49152
 EOS = 2
@@ -53,10 +54,13 @@ class _Driver:
         self.load = load
         self.rng = np.random.default_rng(seed)
         max_len = 8192
-        config = SchedulerConfig(
-            num_blocks=load.running * (max_len // 16) // 4,
+        block_size = EngineConfig().block_size
+        config = build(
+            SchedulerConfig,
+            num_blocks=load.running * (max_len // block_size) // 4,
+            block_size=block_size,
             max_num_seqs=load.running,
-            max_num_batched_tokens=max(2048, load.running),
+            max_num_batched_tokens=max(SchedulingConfig().max_num_batched_tokens, load.running),
             max_model_len=max_len,
         )
         self.scheduler = Scheduler(config, eos_token_id=EOS, vocab_size=VOCAB)

@@ -14,11 +14,11 @@ import statistics
 
 import torch
 
-from bench import hf_baseline
-from bench.serve_bench import make_jobs, run_load, summarize
-from bench.server_process import launched_server
-from executor_svc.cpu_runtime import best_dtype
-from shared.model_info import embedded_model_path, served_name
+from turnstile.bench import hf_baseline
+from turnstile.bench.serve_bench import make_jobs, run_load, summarize
+from turnstile.bench.server_process import launched_server
+from turnstile.executor_svc.cpu_runtime import best_dtype
+from turnstile.shared.model_info import embedded_model_path, served_name
 
 
 def compare(

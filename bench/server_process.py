@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from turnstile.launcher import healthy
 
 
@@ -69,6 +71,16 @@ class Server:
                 name, value = line.rsplit(" ", 1)
                 series[name] = float(value)
         return series
+
+    def service(self, name: str) -> psutil.Process:
+        """The child process running one service (its title: `turnstile NAME`)."""
+        import psutil  # a test and benchmark dependency, not the server's
+
+        children = psutil.Process(self.process.pid).children()
+        found = [c for c in children if c.cmdline()[:1] == [f"turnstile {name}"]]
+        if not found:
+            raise LookupError(f"no {name} process under turnstile serve")
+        return found[0]
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import statistics
 import time
 import urllib.request
 
-from bench.server_process import launched_server
+from turnstile.bench.server_process import launched_server
 
 
 def _first_answer(url: str, deadline: float) -> None:

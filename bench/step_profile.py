@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor_svc.backends import native_decode
-from executor_svc.runner_config import RunnerConfig
-from kernels import cpu_native
-from shared.model_info import embedded_model_path
-from shared.protocol import AddRequest, pack_ids
+from turnstile.executor_svc.backends import native_decode
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.kernels import cpu_native
 from turnstile.offline import OfflineEngine
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.protocol import AddRequest, pack_ids
+from turnstile.shared.settings import build
 
 # Op names (torch 2.13, CPU) and native kernels' labels by the part of the model that calls them.
 KINDS = {
@@ -57,8 +58,8 @@ class StepProfile:
 
 def run(rows: int, prompt_len: int, steps: int, dtype: str) -> StepProfile:
     engine = OfflineEngine(
-        RunnerConfig(embedded_model_path(), dtype=dtype, max_num_seqs=rows),
-        max_num_batched_tokens=max(2048, rows * prompt_len),
+        build(RunnerConfig, dtype=dtype, max_num_seqs=rows),
+        SchedulingConfig(max(SchedulingConfig().max_num_batched_tokens, rows * prompt_len)),
     )
     scheduler, runner = engine.scheduler, engine.runner
     rng = np.random.default_rng(0)

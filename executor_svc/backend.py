@@ -14,23 +14,23 @@ from typing import ClassVar
 
 import torch
 
-from executor_svc.cpu_runtime import keep_freed_memory
-from executor_svc.model.attention import AttentionBatch, PagedAttention
-from executor_svc.model.llama import LlamaModel
-from executor_svc.model.projection import DenseProjection, Projection
-from executor_svc.plan_applier import StepInputs
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.sampler import (
+from turnstile.executor_svc.cpu_runtime import keep_freed_memory
+from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
+from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.projection import DenseProjection, Projection
+from turnstile.executor_svc.plan_applier import StepInputs
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.sampler import (
     Sampled,
     SamplingArrays,
     SamplingBatch,
     generator_noise,
     sample,
 )
-from executor_svc.staging import Staging
-from executor_svc.step_layout import StepLayout
-from kernels.reference import DecodePlan, PrefillPlan
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.staging import Staging
+from turnstile.executor_svc.step_layout import StepLayout
+from turnstile.kernels.reference import DecodePlan, PrefillPlan
+from turnstile.shared.model_info import ModelInfo
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -76,7 +76,7 @@ class Backend(ABC):
     def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
         self.config = config
         self.info = info
-        self.device = torch.device(config.device)
+        self.device = torch.device(config.executor.device)
         if self.device.type == "cpu":
             keep_freed_memory()
         self.staging = Staging(self.device)
@@ -107,7 +107,7 @@ class Backend(ABC):
         route = self.route(layout)
         arrays = layout.arrays(route.value) | sampling.arrays()
         on = self.staging.upload(arrays)
-        size = self.config.block_size
+        size = self.config.engine.block_size
         common = {
             "input_ids": on["input_ids"],
             "positions": on["positions"],

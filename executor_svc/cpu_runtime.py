@@ -6,15 +6,15 @@ import ctypes
 
 import torch
 
-from kernels import cpu_native
+from turnstile.kernels import cpu_native
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
 def keep_freed_memory() -> None:
-    """glibc returns large freed blocks to the OS, so each step's big temporaries page-fault
-    again (a 7 MB KV gather: 1.9 ms instead of 0.4 ms here). Keep them in the heap."""
+    """glibc returns large freed blocks to the OS, so each step's big temporaries would
+    page-fault again (docs/benchmarks.md, "Behind the code's reasons"). Keep them in the heap."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -8,15 +8,15 @@ import time
 import numpy as np
 import torch
 
-from executor_svc.backend import DeviceStep
-from executor_svc.backends import create_backend
-from executor_svc.model.llama import LlamaModel
-from executor_svc.model.weights import load_weights
-from executor_svc.plan_applier import PlanApplier, StepInputs
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.sampler import Sampled, SamplingArrays
-from shared.model_info import ModelInfo, read_model_info
-from shared.protocol import BatchPlan, StepResult, pack_ids
+from turnstile.executor_svc.backend import DeviceStep
+from turnstile.executor_svc.backends import create_backend
+from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.weights import load_weights
+from turnstile.executor_svc.plan_applier import PlanApplier, StepInputs
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.sampler import Sampled, SamplingArrays
+from turnstile.shared.model_info import ModelInfo, read_model_info
+from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,15 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig) -> None:
         started = time.perf_counter()
         self.config = config
+        engine, executor = config.engine, config.executor
         self.info: ModelInfo = read_model_info(config.model_path)
         self.backend = create_backend(config, self.info)
         self.device = self.backend.device
         self.dtype = DTYPES[
-            self.backend.default_dtype() if config.dtype == "auto" else config.dtype
+            self.backend.default_dtype() if executor.dtype == "auto" else executor.dtype
         ]
         self.max_model_len = min(
-            config.max_model_len or self.info.max_model_len, self.info.max_model_len
+            engine.max_model_len or self.info.max_model_len, self.info.max_model_len
         )
         weights = load_weights(config.model_path, self.info)
         self.model = LlamaModel(
@@ -46,8 +47,8 @@ class ModelRunner:
             self.backend.projection,
         )
         del weights
-        self.num_blocks = config.num_blocks or self._blocks_for(config.kv_cache_gib)
-        shape = (self.num_blocks, config.block_size, self.info.num_kv_heads, self.info.head_dim)
+        self.num_blocks = executor.num_blocks or self._blocks_for(executor.kv_cache_gib)
+        shape = (self.num_blocks, engine.block_size, self.info.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
             (
@@ -57,7 +58,7 @@ class ModelRunner:
             for _ in range(self.info.num_layers)
         ]
         self.backend.bind(self.model, self.kv_caches)
-        self.applier = PlanApplier(config.max_num_seqs, self.max_model_len, config.block_size)
+        self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
         self._rng = np.random.default_rng()
         self.load_seconds = time.perf_counter() - started
         log.info(
@@ -70,13 +71,13 @@ class ModelRunner:
     def reset(self, first_step: int) -> None:
         """Forget the batch (a new or restarted scheduler): the next plan is `first_step`."""
         self.applier = PlanApplier(
-            self.config.max_num_seqs, self.max_model_len, self.config.block_size
+            self.config.engine.max_num_seqs, self.max_model_len, self.config.engine.block_size
         )
         self.applier.step = first_step - 1
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info
-        per_block = 2 * info.num_layers * self.config.block_size * info.num_kv_heads
+        per_block = 2 * info.num_layers * self.config.engine.block_size * info.num_kv_heads
         per_block *= info.head_dim * self.model.activation_dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
 

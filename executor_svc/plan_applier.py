@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.batch_table import BatchTable, cdiv
-from shared.protocol import BatchPlan, SamplingParams, unpack_ids
+from turnstile.shared.batch_table import BatchTable, cdiv
+from turnstile.shared.protocol import BatchPlan, SamplingParams, unpack_ids
 
 
 class PlanError(ValueError):

@@ -1,20 +1,46 @@
-"""What one executor runs: the model, its device and backend, and the cache's size."""
+"""What one executor runs: the engine's model and shape, its device and backend, its KV cache."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig
+from turnstile.shared.model_info import resolve_model_path
+from turnstile.shared.settings import nested, setting
+
+
+@dataclass(slots=True, frozen=True)
+class ExecutorConfig:
+    """The executor's device, backend and KV cache"""
+
+    device: Literal["cpu", "cuda"] = setting("cpu", "where the model runs")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = setting(
+        "auto", "the weights' (auto: the backend's best)"
+    )
+    backend: Literal["auto", "cpu", "torch", "cuda"] = setting(
+        "auto",
+        "auto: cuda on a GPU; on a CPU the native kernels where they run, else torch (the "
+        "plain-torch reference)",
+    )
+    enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
+    kv_cache_gib: float = setting(1.5, "memory for the KV cache")
+    num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")
 
 
 @dataclass(slots=True, frozen=True)
 class RunnerConfig:
-    model_path: Path
-    dtype: str = "auto"  # the weights'; "auto": the backend's best (`Backend.default_dtype`)
-    device: str = "cpu"
-    block_size: int = 16
-    max_num_seqs: int = 256
-    kv_cache_gib: float = 1.5
-    num_blocks: int | None = None  # overrides kv_cache_gib
-    max_model_len: int | None = None  # defaults to the model's context
-    backend: str = "auto"  # a name in `executor_svc.backends.BACKENDS`
-    enforce_eager: bool = False  # no CUDA graphs (vLLM's flag)
+    engine: EngineConfig = nested(EngineConfig)
+    executor: ExecutorConfig = nested(ExecutorConfig)
+
+    @property
+    def model_path(self) -> Path:
+        return resolve_model_path(self.engine.model)
+
+
+@dataclass(slots=True, frozen=True)
+class ExecutorServiceConfig:
+    runner: RunnerConfig = nested(RunnerConfig)
+    addresses: AddressConfig = nested(AddressConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)

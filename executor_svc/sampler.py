@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shared.protocol import SamplingParams
+from turnstile.shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
 # Below this a temperature is greedy, as in vLLM: dividing by it overflows the logits to inf.

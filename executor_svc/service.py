@@ -10,10 +10,12 @@ import time
 import zmq
 from prometheus_client import Histogram
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.plan_applier import PlanError
-from executor_svc.runner_config import RunnerConfig
-from shared.protocol import (
+from turnstile.executor_svc.model_runner import ModelRunner
+from turnstile.executor_svc.plan_applier import PlanError
+from turnstile.executor_svc.runner_config import ExecutorServiceConfig
+from turnstile.shared.metrics_server import serve_metrics
+from turnstile.shared.model_info import served_name
+from turnstile.shared.protocol import (
     PROTOCOL_VERSION,
     BatchPlan,
     Heartbeat,
@@ -23,7 +25,7 @@ from shared.protocol import (
     StepFailed,
     unpack_ids,
 )
-from shared.zmq_io import FrameCodec, make_socket
+from turnstile.shared.zmq_io import FrameCodec, make_socket, scheduler_addresses
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +42,22 @@ FORWARD_SECONDS = Histogram(
 FAULT_TOKEN_ENV = "TURNSTILE_FAULT_INJECTION_TOKEN"
 
 
-def serve_executor(scheduler_address: str, config: RunnerConfig, model: str) -> None:
-    runner = ModelRunner(config)
+def serve_executor(config: ExecutorServiceConfig) -> None:
+    if config.metrics.metrics_port is not None:
+        serve_metrics(config.metrics.metrics_port, config.metrics.metrics_host)
+    runner = ModelRunner(config.runner)
     codec: FrameCodec[SchedulerToExecutor] = FrameCodec(SchedulerToExecutor, "executor.plans")
-    socket = make_socket(zmq.Context.instance(), zmq.DEALER, scheduler_address, bind=False)
+    address = scheduler_addresses(config.addresses)[1]
+    socket = make_socket(zmq.Context.instance(), zmq.DEALER, address, bind=False)
+    engine = config.runner.engine
     hello = Register(
         version=PROTOCOL_VERSION,
         rank=RANK,
-        model=model,
+        model=served_name(config.runner.model_path),
         vocab_size=runner.info.vocab_size,
         num_blocks=runner.num_blocks,
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
         max_model_len=runner.max_model_len,
     )
     fault_token = int(os.environ.get(FAULT_TOKEN_ENV, "-1"))

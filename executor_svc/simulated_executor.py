@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from executor_svc.plan_applier import PlanApplier
-from shared.protocol import BatchPlan, StepResult, pack_ids
+from turnstile.executor_svc.plan_applier import PlanApplier
+from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
 
 
 def scripted_tokens(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from executor_svc.plan_applier import StepInputs
+from turnstile.executor_svc.plan_applier import StepInputs
 
 # A step whose prefill chunks are short may run every token as a row of its own through a
 # backend's fused decode layers, each attending its sequence up to itself; a token then reads

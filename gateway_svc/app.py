@@ -15,9 +15,9 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway_svc import metrics
-from gateway_svc.engine_client import End, EngineClient, RequestStream
-from gateway_svc.openai_api import (
+from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
+from turnstile.gateway_svc.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,10 +26,10 @@ from gateway_svc.openai_api import (
     parse,
     prompt_of,
 )
-from gateway_svc.openapi import openapi_document
-from gateway_svc.responses import ResponseShape
-from gateway_svc.text_stream import TextStream
-from shared.tokenizer import Tokenizer
+from turnstile.gateway_svc.openapi import openapi_document
+from turnstile.gateway_svc.responses import ResponseShape
+from turnstile.gateway_svc.text_stream import TextStream
+from turnstile.shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

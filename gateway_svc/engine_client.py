@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from shared.protocol import (
+from turnstile.shared.protocol import (
     AbortRequest,
     AddRequest,
     EngineOutputs,
@@ -26,7 +26,7 @@ from shared.protocol import (
     SchedulerStatus,
     unpack_ids,
 )
-from shared.zmq_io import FrameCodec, make_socket
+from turnstile.shared.zmq_io import FrameCodec, make_socket
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class RequestStream:
 class EngineClient:
     def __init__(self, address: str, request_timeout: float) -> None:
         # A plain socket drained from the event loop's reader callback: an awaited poll and
-        # recv a message cost ~5x the CPU, taken from the executor here.
+        # recv cost several times the CPU, taken from the executor (docs/benchmarks.md).
         identity = b"gateway-" + secrets.token_hex(8).encode()
         self._socket = make_socket(
             zmq.Context.instance(), zmq.DEALER, address, bind=False, routing_id=identity

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from shared.protocol import AddRequest, SamplingParams, pack_ids
-from shared.tokenizer import Tokenizer
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.shared.tokenizer import Tokenizer
 
 MAX_STOP_STRINGS = 8
 PRIORITY_LIMIT = 1 << 20  # the scheduler packs (priority, arrival) into one int64

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from gateway_svc.openai_api import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.openai_api import ChatCompletionRequest, CompletionRequest
 
 _ERROR = {
     "type": "object",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shared.tokenizer import Tokenizer
+from turnstile.shared.tokenizer import Tokenizer
 
 
 class ResponseShape:

@@ -5,47 +5,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
 
 import uvloop
 from aiohttp import web
 
-from gateway_svc.app import Gateway
-from gateway_svc.engine_client import EngineClient
-from shared.model_info import read_model_info, served_name
-from shared.tokenizer import Tokenizer
+from turnstile.gateway_svc.app import Gateway
+from turnstile.gateway_svc.config import GatewayServiceConfig
+from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
+from turnstile.shared.tokenizer import Tokenizer
+from turnstile.shared.zmq_io import scheduler_addresses
 
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 60.0
 
 
-async def _serve(
-    model: Path,
-    scheduler_address: str,
-    host: str,
-    port: int,
-    api_key: str | None,
-    max_body_bytes: int,
-    max_model_len: int | None,
-    request_timeout: float,
-) -> None:
+async def _serve(config: GatewayServiceConfig) -> None:
+    model, settings = resolve_model_path(config.engine.model), config.gateway
     info = read_model_info(model)
-    engine = EngineClient(scheduler_address, request_timeout)
+    engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
     gateway = Gateway(
         engine,
         Tokenizer(model, info),
         served_name(model),
-        min(max_model_len or info.max_model_len, info.max_model_len),
-        api_key,
+        min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
+        settings.api_key,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.
-    runner = web.AppRunner(gateway.app(max_body_bytes), handler_cancellation=True, access_log=None)
+    app = gateway.app(int(settings.max_body_mb * 2**20))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port, shutdown_timeout=DRAIN_SECONDS).start()
-    log.info("gateway listening on http://%s:%d", host, port)
+    site = web.TCPSite(runner, settings.host, settings.port, shutdown_timeout=DRAIN_SECONDS)
+    await site.start()
+    log.info("gateway listening on http://%s:%d", settings.host, settings.port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -56,25 +51,5 @@ async def _serve(
     await engine.close()
 
 
-def serve_gateway(
-    model: Path,
-    scheduler_address: str,
-    host: str,
-    port: int,
-    api_key: str | None,
-    max_body_bytes: int,
-    max_model_len: int | None,
-    request_timeout: float,
-) -> None:
-    uvloop.run(
-        _serve(
-            model,
-            scheduler_address,
-            host,
-            port,
-            api_key,
-            max_body_bytes,
-            max_model_len,
-            request_timeout,
-        )
-    )
+def serve_gateway(config: GatewayServiceConfig) -> None:
+    uvloop.run(_serve(config))

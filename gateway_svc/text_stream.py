@@ -3,7 +3,7 @@ exactly, even when one spans several tokens."""
 
 from __future__ import annotations
 
-from shared.tokenizer import Tokenizer
+from turnstile.shared.tokenizer import Tokenizer
 
 
 class TextStream:

@@ -1,5 +1,5 @@
 """Compile every Triton kernel ahead of time for NVIDIA targets, with no GPU present:
-`python -m kernels.compile_check 90 80` catches code that only the interpreter accepts.
+`python -m turnstile.kernels.compile_check 90 80` catches code that only the interpreter accepts.
 Must run without TRITON_INTERPRET (the interpreter replaces the kernels)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_attention as kernels
+from turnstile.kernels import triton_attention as kernels
 
 _ATTENTION_SCALARS = {
     "scale": "fp32",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from shared.model_info import cache_dir
+from turnstile.shared.model_info import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_native
-from kernels.reference import DecodePlan
+from turnstile.kernels import cpu_native
+from turnstile.kernels.reference import DecodePlan
 
 
 def paged_decode_attention(

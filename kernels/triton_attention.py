@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import DecodePlan, PrefillPlan
+from turnstile.kernels.reference import DecodePlan, PrefillPlan
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

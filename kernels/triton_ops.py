@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import triton_attention
-from kernels.reference import DecodePlan, PrefillPlan
+from turnstile.kernels import triton_attention
+from turnstile.kernels.reference import DecodePlan, PrefillPlan
 
 
 @torch.library.custom_op("turnstile::write_kv", mutates_args=("k_cache", "v_cache"))

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import msgspec
 import zmq
 
-from shared.protocol import PROTOCOL_VERSION, ExecutorToScheduler, Heartbeat, Register
-from shared.zmq_io import FrameCodec, make_socket
+from turnstile.shared.protocol import PROTOCOL_VERSION, ExecutorToScheduler, Heartbeat, Register
+from turnstile.shared.zmq_io import FrameCodec, make_socket
 
 
 class ExecutorLink:

@@ -15,8 +15,8 @@ import msgspec
 import numpy as np
 import zmq
 
-from shared.protocol import EngineOutputs, Finished, ToScheduler, pack_ids, unpack_ids
-from shared.zmq_io import FrameCodec, make_socket
+from turnstile.shared.protocol import EngineOutputs, Finished, ToScheduler, pack_ids, unpack_ids
+from turnstile.shared.zmq_io import FrameCodec, make_socket
 
 log = logging.getLogger(__name__)
 

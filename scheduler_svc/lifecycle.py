@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_svc.block_pool import BlockPool
-from scheduler_svc.prefix_cache import PrefixCache
-from scheduler_svc.request import Request, Status
-from scheduler_svc.running_batch import RunningBatch
-from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
-from shared.batch_table import cdiv
-from shared.config import SchedulerConfig
-from shared.protocol import AddRequest, Finished
+from turnstile.scheduler_svc.block_pool import BlockPool
+from turnstile.scheduler_svc.prefix_cache import PrefixCache
+from turnstile.scheduler_svc.request import Request, Status
+from turnstile.scheduler_svc.running_batch import RunningBatch
+from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
+from turnstile.shared.batch_table import cdiv
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.protocol import AddRequest, Finished
 
 
 @dataclass(slots=True)
@@ -30,8 +30,10 @@ class RequestLifecycle:
         self.config = config
         self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size
-        self.by_priority = config.policy == "priority"
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.by_priority = config.scheduling.policy == "priority"
+        self.pool = BlockPool(
+            config.num_blocks, config.block_size, config.scheduling.enable_prefix_caching
+        )
         self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
         self.prefix_cache = PrefixCache(self.pool, self.batch)
         self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
@@ -115,7 +117,9 @@ class RequestLifecycle:
         running = [req for req in released if req.status is Status.RUNNING]
         self.stats.num_preemptions += len(running)
         self._padding = set()
-        self.pool = BlockPool(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.pool = BlockPool(
+            num_blocks, self.config.block_size, self.config.scheduling.enable_prefix_caching
+        )
         self.batch = RunningBatch(
             self.config.max_num_seqs, self.config.max_model_len, self.config.block_size
         )
@@ -190,7 +194,7 @@ class RequestLifecycle:
         return req
 
     def _finish_row(self, slot: int, reason: str) -> None:
-        if self.config.static_batching == "padded":
+        if self.config.scheduling.static_batching == "padded":
             self._end(self.batch.requests[slot], reason)  # type: ignore[arg-type]
             self._padding.add(slot)
         else:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler_svc.block_pool import BlockPool, chain_hashes
-from scheduler_svc.request import Request
-from scheduler_svc.running_batch import RunningBatch
+from turnstile.scheduler_svc.block_pool import BlockPool, chain_hashes
+from turnstile.scheduler_svc.request import Request
+from turnstile.scheduler_svc.running_batch import RunningBatch
 
 
 class PrefixCache:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.protocol import AddRequest, SamplingParams, unpack_ids
+from turnstile.shared.protocol import AddRequest, SamplingParams, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40

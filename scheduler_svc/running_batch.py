@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler_svc.request import Request, Status
-from shared.batch_table import BatchTable
+from turnstile.scheduler_svc.request import Request, Status
+from turnstile.shared.batch_table import BatchTable
 
 
 class RunningBatch(BatchTable):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler_svc.lifecycle import RequestLifecycle
-from scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
-from shared.batch_table import cdiv
-from shared.protocol import (
+from turnstile.scheduler_svc.lifecycle import RequestLifecycle
+from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
+from turnstile.shared.batch_table import cdiv
+from turnstile.shared.protocol import (
     BatchPlan,
     EngineOutputs,
     FrameError,
@@ -49,19 +49,19 @@ class Scheduler(RequestLifecycle):
         if not self.has_work:
             return False
         if (
-            config.static_batching is None
+            config.scheduling.static_batching is None
             or len(self.batch)
             or self.num_waiting >= config.max_num_seqs
         ):
             return True
         first = self.waiting.peek()
-        return first is None or now - first.arrived_at >= config.static_fill_timeout
+        return first is None or now - first.arrived_at >= config.scheduling.static_fill_timeout
 
     def schedule(self) -> BatchPlan:
         if self._in_flight:
             raise RuntimeError("schedule() called again before update()")
         self.step += 1
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.scheduling.max_num_batched_tokens
         if self.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order
@@ -76,7 +76,7 @@ class Scheduler(RequestLifecycle):
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
-        closed = preempted or (self.config.static_batching is not None and len(rows) > 0)
+        closed = preempted or (self.config.scheduling.static_batching is not None and len(rows) > 0)
         prefilling = bool(len(overridden)) and bool((scheduled[overridden] > 0).any())
         new = [] if closed else self._admit(budget, prefilling)
         plan = BatchPlan(

@@ -13,14 +13,15 @@ import time
 import msgspec
 import zmq
 
-from scheduler_svc.executor_link import ExecutorLink
-from scheduler_svc.gateway_link import LOCAL_ID_BITS, GatewayLink
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.service_config import SchedulerServiceConfig
-from shared.config import SchedulerConfig
-from shared.metrics_server import serve_metrics
-from shared.protocol import (
+from turnstile.scheduler_svc.executor_link import ExecutorLink
+from turnstile.scheduler_svc.gateway_link import LOCAL_ID_BITS, GatewayLink
+from turnstile.scheduler_svc.metrics import SchedulerMetrics
+from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.scheduler_svc.service_config import SchedulerServiceConfig
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.metrics_server import serve_metrics
+from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
+from turnstile.shared.protocol import (
     AbortRequest,
     AddRequest,
     EngineOutputs,
@@ -32,6 +33,7 @@ from shared.protocol import (
     StepFailed,
     StepResult,
 )
+from turnstile.shared.zmq_io import scheduler_addresses
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +44,16 @@ PROBE_DELAY = 0.2  # a second probe, in case the first ran before the peer's pip
 class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
-        self.gateways = GatewayLink(config.gateway_address)
+        path = resolve_model_path(config.engine.model)
+        self.model = read_model_info(path)
+        gateway_address, executors_address = scheduler_addresses(config.addresses)
+        self.gateways = GatewayLink(gateway_address)
         self.link = ExecutorLink(
-            config.executors_address,
-            config.block_size,
-            config.max_num_seqs,
-            config.model,
-            config.vocab_size,
+            executors_address,
+            config.engine.block_size,
+            config.engine.max_num_seqs,
+            served_name(path),
+            self.model.vocab_size,
         )
         self.metrics = SchedulerMetrics()
         self.scheduler: Scheduler | None = None
@@ -59,8 +64,9 @@ class SchedulerService:
         self._probe_at: float | None = None
 
     def serve_forever(self) -> None:
-        if self.config.metrics_port is not None:
-            serve_metrics(self.config.metrics_port, self.config.metrics_host)
+        metrics = self.config.metrics
+        if metrics.metrics_port is not None:
+            serve_metrics(metrics.metrics_port, metrics.metrics_host)
         poller = zmq.Poller()
         for socket in (
             self.gateways.socket, self.gateways.disconnects, self.link.socket,
@@ -110,20 +116,20 @@ class SchedulerService:
             self._executor_lost(f"executor rank {gone} disconnected")
 
     def _check_timeouts(self) -> None:
-        now = time.monotonic()
-        if self.config.queue_timeout is not None and self.scheduler is not None:
-            self.scheduler.expire_waiting(now, self.config.queue_timeout)
+        now, limits = time.monotonic(), self.config.admission
+        if limits.queue_timeout is not None and self.scheduler is not None:
+            self.scheduler.expire_waiting(now, limits.queue_timeout)
             if self.in_flight is None:
                 self._flush_finished()
         if self._probe_at is not None and now >= self._probe_at:
             self._probe_at = None
             self._probe_executors()
             self._send_status()
-        if self.in_flight is not None and now - self.in_flight[1] > self.config.step_timeout:
+        if self.in_flight is not None and now - self.in_flight[1] > limits.step_timeout:
             self._executor_lost(f"step {self.in_flight[0]} unanswered")
-        if self.lost_since is not None and now - self.lost_since > self.config.executor_timeout:
+        if self.lost_since is not None and now - self.lost_since > limits.executor_timeout:
             assert self.scheduler is not None
-            error = f"no executor came back within {self.config.executor_timeout:.0f} s"
+            error = f"no executor came back within {limits.executor_timeout:.0f} s"
             log.error("%s: failing %d requests", error, len(self.scheduler.requests))
             self.scheduler.fail_all(error)
             self._flush_finished()
@@ -151,7 +157,7 @@ class SchedulerService:
 
     def _add(self, slot: int, key: int, message: AddRequest) -> None:
         assert self.scheduler is not None
-        limit = self.config.max_waiting
+        limit = self.config.admission.max_waiting
         if limit is not None and self.scheduler.num_waiting >= limit:
             error = f"{limit} requests are already waiting"
             self.gateways.refuse(slot, message.req_id, "overloaded", error)
@@ -182,7 +188,7 @@ class SchedulerService:
                 self._finish_step(message)
 
     def _register(self, identity: bytes, hello: Register) -> None:
-        config = self.config
+        engine = self.config.engine
         reason = self.link.refusal(hello)
         other = self.link.peers.get(hello.rank) not in (None, identity)
         retry = not reason and other and self.link.alive(hello.rank)
@@ -205,17 +211,15 @@ class SchedulerService:
             self.scheduler = Scheduler(
                 SchedulerConfig(
                     num_blocks=hello.num_blocks,
-                    block_size=config.block_size,
-                    max_num_seqs=config.max_num_seqs,
-                    max_num_batched_tokens=config.max_num_batched_tokens,
-                    max_model_len=min(config.max_model_len, hello.max_model_len),
-                    policy=config.policy,  # type: ignore[arg-type]
-                    enable_prefix_caching=config.enable_prefix_caching,
-                    static_batching=config.static_batching,
-                    static_fill_timeout=config.static_fill_timeout,
+                    block_size=engine.block_size,
+                    max_num_seqs=engine.max_num_seqs,
+                    max_model_len=min(
+                        engine.max_model_len or self.model.max_model_len, hello.max_model_len
+                    ),
+                    scheduling=self.config.scheduling,
                 ),
-                eos_token_id=config.eos_token_id,
-                vocab_size=config.vocab_size,
+                eos_token_id=self.model.eos_token_id,
+                vocab_size=self.model.vocab_size,
             )
             self._send_status()
 
@@ -287,3 +291,7 @@ class SchedulerService:
         self.gateways.release(scheduler.requests if scheduler else ())
         if scheduler is not None:
             self.metrics.observe(scheduler)
+
+
+def serve_scheduler(config: SchedulerServiceConfig) -> None:
+    SchedulerService(config).serve_forever()

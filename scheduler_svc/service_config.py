@@ -1,30 +1,33 @@
-"""The scheduler service's settings: its sockets, the model it serves, its policy, its limits."""
+"""The scheduler service's settings: the engine it serves, its sockets, its policy, its limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import StaticBatching
+from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
+from turnstile.shared.settings import nested, setting
+
+
+@dataclass(slots=True, frozen=True)
+class AdmissionConfig:
+    """When requests are refused or failed instead of waiting on"""
+
+    max_waiting: int | None = setting(None, "refuse new requests (HTTP 429) while this many wait")
+    queue_timeout: float | None = setting(
+        None, "seconds a request may wait to start before it is refused (HTTP 429)"
+    )
+    step_timeout: float = setting(
+        60.0, "seconds a step may go unanswered: then its executor is lost"
+    )
+    executor_timeout: float = setting(
+        30.0, "seconds requests wait for a lost executor to come back before they fail"
+    )
 
 
 @dataclass(slots=True, frozen=True)
 class SchedulerServiceConfig:
-    gateway_address: str  # bound ROUTER: gateways' requests in, their outputs and status out
-    executors_address: str  # bound ROUTER: executors register, take plans, return results
-    model: str
-    eos_token_id: int
-    vocab_size: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = True
-    static_batching: StaticBatching | None = None
-    static_fill_timeout: float = 1.0  # seconds; see `Scheduler.wants_step`
-    max_waiting: int | None = None  # beyond it new requests are refused (HTTP 429)
-    queue_timeout: float | None = None  # requests waiting longer never to run: HTTP 429
-    step_timeout: float = 60.0  # a step not answered by then counts as a lost executor
-    executor_timeout: float = 30.0  # requests fail if no executor is back by then
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
+    engine: EngineConfig = nested(EngineConfig)
+    addresses: AddressConfig = nested(AddressConfig)
+    scheduling: SchedulingConfig = nested(SchedulingConfig)
+    admission: AdmissionConfig = nested(AdmissionConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)

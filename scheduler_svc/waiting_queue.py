@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from scheduler_svc.request import Request, Status
+from turnstile.scheduler_svc.request import Request, Status
 
 
 class _LazyQueue:

@@ -1,41 +1,100 @@
-"""Configuration shared by the services, with the defaults a single-host CPU deployment wants."""
+"""The settings every service shares, and the scheduler's own (the offline engine runs it too)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
+from turnstile.shared.settings import nested, setting
+
 Policy = Literal["fcfs", "priority"]
-# Static batching, the baseline continuous batching is measured against: a new batch is admitted
-# only once the previous one has completely finished. "padded" keeps a finished row computing
-# (its tokens discarded) until its batch's longest is done, as Hugging Face `generate` and the
-# static servers do; "compact" lets it leave, a stronger baseline on hardware whose step cost
-# grows with the batch.
+# The baseline continuous batching is measured against (docs/benchmarks.md): "padded" keeps a
+# finished row computing until its batch ends, as HF `generate` does; "compact" lets it leave.
 StaticBatching = Literal["padded", "compact"]
 
 
 @dataclass(slots=True, frozen=True)
-class SchedulerConfig:
-    num_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    policy: Policy = "fcfs"
-    enable_prefix_caching: bool = True
-    static_batching: StaticBatching | None = None
-    static_fill_timeout: float = 1.0  # seconds a static batch waits to fill
+class EngineConfig:
+    """The model, and the shape every service of one engine agrees on"""
+
+    model: str = setting(
+        "embedded", "GGUF file or Hugging Face safetensors folder; embedded: SmolLM2-135M-Instruct"
+    )
+    max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
+    block_size: int = setting(16, "tokens per KV-cache block")
+    max_num_seqs: int = setting(128, "sequences one step may run")
 
     def __post_init__(self) -> None:
-        if self.block_size <= 0 or self.num_blocks <= 0:
-            raise ValueError("block_size and num_blocks must be positive")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            # Every running decode gets its token each step only if the budget covers them all.
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.block_size <= 0 or self.max_num_seqs <= 0:
+            raise ValueError("--block-size and --max-num-seqs must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError("--max-model-len must be positive")
+
+
+@dataclass(slots=True, frozen=True)
+class AddressConfig:
+    """Where the services meet (ZeroMQ)"""
+
+    scheduler_address: str | None = setting(
+        None,
+        "gateways reach the scheduler here; tcp:// across hosts (none: ipc:// in a private "
+        "0700 directory: serve's own, else $TURNSTILE_RUN_DIR, $XDG_RUNTIME_DIR/turnstile or "
+        "/tmp/turnstile-UID)",
+    )
+    executors_address: str | None = setting(
+        None, "executors reach the scheduler here (none: as --scheduler-address)"
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulingConfig:
+    """How the scheduler fills each step"""
+
+    max_num_batched_tokens: int = setting(2048, "tokens one step may compute")
+    policy: Policy = setting("fcfs", "which waiting request starts first")
+    enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
+    static_batching: StaticBatching | None = setting(
+        None,
+        "baseline for benchmarks: admit a new batch only when the last one is done; padded: "
+        "finished rows compute until the batch ends (as HF generate); compact: they leave",
+    )
+    static_fill_timeout: float = setting(
+        1.0, "static batching: open a batch once full or once its first request waited this long"
+    )
+
+    def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {self.policy!r}")
         if self.static_batching not in (None, "padded", "compact"):
             raise ValueError(f"unknown static batching mode {self.static_batching!r}")
+
+
+@dataclass(slots=True, frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (the gateway's are on its own port, at /metrics)"""
+
+    metrics_port: int | None = setting(
+        None, "serve /metrics here (serve: the scheduler's; the executor's is the next port)"
+    )
+    metrics_host: str = setting("127.0.0.1", "the metrics server's address")
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    """What the scheduler runs with once an executor has said how many KV blocks it holds."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_model_len: int
+    scheduling: SchedulingConfig = nested(SchedulingConfig)
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.num_blocks <= 0:
+            raise ValueError("block_size and num_blocks must be positive")
+        if self.scheduling.max_num_batched_tokens < self.max_num_seqs:
+            # Every running decode gets its token each step only if the budget covers them all.
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -77,8 +77,8 @@ def derived_path(model: Path, name: str) -> Path:
 
 
 def content_digest(model: Path) -> str:
-    """SHA-256 of the file, remembered per (path, size, mtime, inode): hashing costs ~1 s a GB,
-    and every service process asks at start."""
+    """SHA-256 of the file, remembered per (path, size, mtime, inode): hashing a large file is
+    slow, and every service process asks at start."""
     stat = model.stat()
     identity = f"{model.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
     memo = cache_dir() / "digests" / hashlib.sha256(identity.encode()).hexdigest()[:32]

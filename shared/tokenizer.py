@@ -13,7 +13,7 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
-from shared.model_info import ModelInfo, derived_path, write_atomically
+from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
 
 
 def _load_backend(model: Path) -> tokenizers.Tokenizer:
@@ -47,8 +47,8 @@ class Tokenizer:
             self._template = environment.from_string(info.chat_template)
 
     def encode(self, text: str) -> list[int]:
-        # The batch call releases the GIL (encode holds it: 3 s for 3 MB), so a gateway thread
-        # tokenizing leaves its event loop running.
+        # The batch call releases the GIL (encode holds it), so a gateway thread tokenizing a
+        # long prompt leaves its event loop running.
         return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:

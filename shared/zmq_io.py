@@ -15,6 +15,8 @@ import msgspec
 import zmq
 from prometheus_client import Counter
 
+from turnstile.shared.config import AddressConfig
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -151,3 +153,13 @@ def make_socket(
     else:
         socket.connect(address)
     return socket
+
+
+def scheduler_addresses(addresses: AddressConfig, run_dir: Path | None = None) -> tuple[str, str]:
+    """The scheduler's two addresses, for gateways and for executors: as set, else IPC paths in
+    `run_dir` (by default this host's private run directory)."""
+    where = run_dir or default_run_dir()
+    return (
+        addresses.scheduler_address or ipc_address(where, "scheduler.sock"),
+        addresses.executors_address or ipc_address(where, "executors.sock"),
+    )

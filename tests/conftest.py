@@ -12,7 +12,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bench.server_process import Server, launched_server
+from turnstile.bench.server_process import Server, launched_server
 
 settings.register_profile(
     "turnstile",

@@ -8,12 +8,12 @@ from collections import defaultdict
 import msgspec
 import numpy as np
 
-from executor_svc.simulated_executor import SimulatedExecutor, scripted_tokens
-from scheduler_svc.request import Status
-from scheduler_svc.scheduler import Scheduler
-from shared.batch_table import cdiv
-from shared.config import SchedulerConfig
-from shared.protocol import (
+from turnstile.executor_svc.simulated_executor import SimulatedExecutor, scripted_tokens
+from turnstile.scheduler_svc.request import Status
+from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.shared.batch_table import cdiv
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.protocol import (
     AddRequest,
     BatchPlan,
     EngineOutputs,
@@ -140,4 +140,4 @@ class Harness:
         assert len(live) + len(padding) == len(rows)
         assert live <= set(scheduler.requests) and not padding & set(scheduler.requests)
         if padding:
-            assert scheduler.config.static_batching == "padded" and live
+            assert scheduler.config.scheduling.static_batching == "padded" and live

@@ -15,7 +15,9 @@ import openai
 import pytest
 from conftest import MODEL
 
-from bench.server_process import Server
+from turnstile.bench.server_process import Server
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish."]
 

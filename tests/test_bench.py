@@ -1,7 +1,9 @@
 from __future__ import annotations
 
-from bench.compare_bench import fewest_steps, ideal_ratio
-from bench.serve_bench import Job, Outcome, arrival_gap, make_jobs, summarize
+import pytest
+
+from turnstile.bench.compare_bench import fewest_steps, ideal_ratio
+from turnstile.bench.serve_bench import Job, Outcome, arrival_gap, make_jobs, summarize
 
 
 def test_datasets_are_seeded_and_shaped_as_documented() -> None:
@@ -62,10 +64,11 @@ def test_summary_percentiles_and_goodput() -> None:
     assert summary["errors"] == ["HTTP 503"]
 
 
+@pytest.mark.slow
 def test_serve_vs_hf_puts_both_on_the_same_prompts_in_one_run() -> None:
     """A tiny round: our server and HF generate answer the same requests in full, and the
     report's ratio is their throughputs' ratio."""
-    from bench.serve_vs_hf import compare
+    from turnstile.bench.serve_vs_hf import compare
 
     report = compare(rounds=1, num_prompts=4, input_len=8, output_len=6, hf_batch=2, seed=1)
     (round_,) = report["rounds"]  # type: ignore[misc]
@@ -77,12 +80,13 @@ def test_serve_vs_hf_puts_both_on_the_same_prompts_in_one_run() -> None:
     assert report["median"] == round_
 
 
+@pytest.mark.slow
 def test_compare_counts_steps_from_the_servers_own_counters() -> None:
     """A tiny compare: each mode's step count times its useful tokens per step is the tokens
     the client received, and padded static batching spends at least its batches' longest
     requests in steps (exactly the ideal's schedule, since requests arrive in job order), more
     than continuous batching needs."""
-    from bench.compare_bench import MODES, compare
+    from turnstile.bench.compare_bench import MODES, compare
 
     jobs = make_jobs("longtail", 6, 8, 6, seed=1)
     results = compare(

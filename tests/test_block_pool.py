@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler_svc.block_pool import BlockPool, chain_hashes
+from turnstile.scheduler_svc.block_pool import BlockPool, chain_hashes
 
 
 def publish(pool: BlockPool, tokens: np.ndarray, blocks: list[int], block_size: int) -> list[int]:

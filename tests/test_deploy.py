@@ -9,13 +9,21 @@ from pathlib import Path
 
 import yaml
 
-from turnstile.cli import build_parser
+from turnstile.cli import build_parser, settings_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def settings(service: str) -> object:
+    """What the compose service runs with: its command's flags, then the stack's variables."""
+    stack = compose()
+    args = build_parser().parse_args(stack["services"][service]["command"])
+    environ = {**stack["x-turnstile"]["environment"], "TURNSTILE_CURVE_SECRET_KEY": "k"}
+    return settings_of(args, environ)
 
 
 def test_every_turnstile_service_runs_a_real_subcommand_with_valid_flags() -> None:
@@ -25,8 +33,8 @@ def test_every_turnstile_service_runs_a_real_subcommand_with_valid_flags() -> No
     }
     assert {"scheduler", "executor", "executor-cuda", "gateway"} <= set(turnstile)
     for name, service in turnstile.items():
-        args = build_parser().parse_args(service["command"])
-        assert args.command in ("scheduler", "executor", "gateway"), name
+        assert service["command"][0] in ("scheduler", "executor", "gateway"), name
+        settings(name)  # flags and variables all bind
     cuda = services["executor-cuda"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert cuda["driver"] == "nvidia" and "gpu" in cuda["capabilities"]
 
@@ -40,8 +48,8 @@ def test_the_cuda_profile_builds_torch_from_a_cuda_wheel_index() -> None:
     cuda = compose()["services"]["executor-cuda"]
     index = cuda["build"]["args"]["TORCH_INDEX"]
     assert "download.pytorch.org/whl/cu" in index and cuda["image"] != "turnstile:latest"
-    args = build_parser().parse_args(cuda["command"])
-    assert args.device == "cuda" and args.backend == "auto"
+    executor = settings("executor-cuda").runner.executor
+    assert executor.device == "cuda" and executor.backend == "auto"
 
 
 def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
@@ -53,8 +61,8 @@ def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
     assert set(targets) == {"gateway", "scheduler", "executor"}
     for job, target in targets.items():
         host, port = target.split(":")
-        args = build_parser().parse_args(services[job]["command"])
-        served = args.port if job == "gateway" else args.metrics_port
+        config = settings(job)
+        served = config.gateway.port if job == "gateway" else config.metrics.metrics_port
         assert (host, int(port)) == (job, served)
         assert port in [str(p) for p in services[job].get("expose", [])] + [
             p.split(":")[-1] for p in services[job].get("ports", [])
@@ -62,15 +70,15 @@ def test_scrape_targets_match_the_ports_services_serve_metrics_on() -> None:
 
 
 def test_zmq_addresses_agree_between_services() -> None:
-    services = compose()["services"]
     env = compose()["x-turnstile"]["environment"]
-    scheduler = build_parser().parse_args(services["scheduler"]["command"])
-    for bound, used in (
-        (scheduler.scheduler_address, env["TURNSTILE_SCHEDULER"]),
-        (scheduler.executors_address, env["TURNSTILE_EXECUTORS"]),
+    bound = settings("scheduler").addresses
+    executor, gateway = settings("executor").addresses, settings("gateway").addresses
+    for where, used in (
+        (bound.scheduler_address, gateway.scheduler_address),
+        (bound.executors_address, executor.executors_address),
     ):
-        assert bound.rsplit(":", 1)[1] == used.rsplit(":", 1)[1]
-        assert used.startswith("tcp://scheduler:")
+        assert where.rsplit(":", 1)[1] == used.rsplit(":", 1)[1]
+        assert where.startswith("tcp://0.0.0.0:") and used.startswith("tcp://scheduler:")
     # TCP between containers: every link encrypted, and closed to peers without the key.
     assert "TURNSTILE_CURVE_SECRET_KEY" in env
 

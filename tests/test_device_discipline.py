@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.staging import Staging
-from scheduler_svc.scheduler import Scheduler
-from shared.config import SchedulerConfig
-from shared.model_info import embedded_model_path
-from shared.protocol import AddRequest, SamplingParams, StepResult, pack_ids
+from turnstile.executor_svc.model_runner import ModelRunner
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.staging import Staging
+from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.protocol import AddRequest, SamplingParams, StepResult, pack_ids
+from turnstile.shared.settings import build
 
 PARAMS = [
     SamplingParams(),  # greedy
@@ -33,8 +33,8 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    config = RunnerConfig(
-        embedded_model_path(), dtype="bfloat16", device="meta", backend="cuda", num_blocks=64,
+    config = build(
+        RunnerConfig, dtype="bfloat16", device="meta", backend="cuda", num_blocks=64,
         max_num_seqs=8,
     )  # fmt: skip
     return ModelRunner(config)
@@ -44,8 +44,8 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
     """Run the real scheduler's plans on meta until every request is done; the kinds of rows
     (prefill, decode) in each step."""
     scheduler = Scheduler(
-        SchedulerConfig(
-            num_blocks=runner.num_blocks, block_size=16, max_num_seqs=8,
+        build(
+            SchedulerConfig, num_blocks=runner.num_blocks, block_size=16, max_num_seqs=8,
             max_num_batched_tokens=24, max_model_len=runner.max_model_len,
         ),
         eos_token_id=runner.info.eos_token_id,
@@ -110,7 +110,7 @@ def test_a_host_sync_in_the_step_is_caught(
 ) -> None:
     """The other mutation: asking the device for a value mid-step (here, as the old sampler
     did, a per-row generator fed from `.tolist()`)."""
-    from executor_svc.sampler import generator_noise
+    from turnstile.executor_svc.sampler import generator_noise
 
     monkeypatch.setattr(runner.backend, "noise", generator_noise)
     with pytest.raises(RuntimeError, match="no data"):

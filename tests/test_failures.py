@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import aiohttp
-import psutil
 import pytest
 from conftest import MODEL
 
-from bench.server_process import Server, healthy, launched_server
+from turnstile.bench.server_process import Server, healthy, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 PROMPTS = [f"Write a list of {n} fruits and their colors:" for n in range(3, 9)]
 
@@ -28,11 +29,7 @@ def server() -> Iterator[Server]:
 
 
 def kill_child(server: Server, service: str) -> None:
-    for child in psutil.Process(server.process.pid).children():
-        if service in child.cmdline():
-            os.kill(child.pid, signal.SIGKILL)
-            return
-    raise AssertionError(f"no {service} process")
+    os.kill(server.service(service).pid, signal.SIGKILL)
 
 
 async def stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[str, list]:
@@ -213,9 +210,7 @@ def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up() -
 
 def test_a_stalled_gateway_keeps_every_stream(server: Server) -> None:
     undisturbed = asyncio.run(run_with_fault(server.url, None))
-    gateway = next(
-        c for c in psutil.Process(server.process.pid).children() if "gateway" in c.cmdline()
-    )
+    gateway = server.service("gateway")
 
     def stall() -> None:
         gateway.suspend()  # SIGSTOP: longer than the scheduler-silence limit
@@ -226,9 +221,7 @@ def test_a_stalled_gateway_keeps_every_stream(server: Server) -> None:
 
 
 def test_requests_the_gateway_gives_up_on_are_aborted_not_left_running(server: Server) -> None:
-    scheduler = next(
-        c for c in psutil.Process(server.process.pid).children() if "scheduler" in c.cmdline()
-    )
+    scheduler = server.service("scheduler")
 
     def silence() -> None:
         scheduler.suspend()  # the gateway hears nothing: it fails its streams, and aborts them

@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.gpu_bench import step_bytes
-from executor_svc.model.weights import load_weights
-from shared.model_info import embedded_model_path, read_model_info
+import pytest
+
+from turnstile.bench.gpu_bench import step_bytes
+from turnstile.executor_svc.model.weights import load_weights
+from turnstile.shared.model_info import embedded_model_path, read_model_info
 
 
+@pytest.mark.slow
 def test_without_a_gpu_the_command_says_so() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "turnstile.cli", "bench", "gpu"],

@@ -16,7 +16,9 @@ import openai
 import pytest
 from conftest import MODEL
 
-from bench.server_process import Server, healthy, launched_server
+from turnstile.bench.server_process import Server, healthy, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 # Sampled answers (the API's default temperature is 1) may end at EOS before max_tokens.
 NO_EOS = {"ignore_eos": True}
@@ -94,7 +96,7 @@ def test_malformed_and_replayed_frames_are_counted_dropped_and_survived(
     import msgspec
     import zmq
 
-    from shared.protocol import AbortRequest, AddRequest, StepResult, pack_ids
+    from turnstile.shared.protocol import AbortRequest, AddRequest, StepResult, pack_ids
 
     context = zmq.Context.instance()
     gateway_side = context.socket(zmq.DEALER)
@@ -159,7 +161,7 @@ def test_a_mismatched_executor_is_refused_with_a_clear_reason(service: Server) -
     import msgspec
     import zmq
 
-    from shared.protocol import PROTOCOL_VERSION, Register, RegisterReply
+    from turnstile.shared.protocol import PROTOCOL_VERSION, Register, RegisterReply
 
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.connect(service.executors_address)
@@ -207,7 +209,7 @@ def test_curve_keys_encrypt_the_links_and_shut_out_peers_without_them(
 ) -> None:
     import zmq
 
-    from shared.zmq_io import make_socket
+    from turnstile.shared.zmq_io import make_socket
 
     secret = subprocess.run(
         [sys.executable, "-m", "turnstile.cli", "keygen"], capture_output=True, text=True,

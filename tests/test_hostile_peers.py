@@ -14,14 +14,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
-import psutil
 import pytest
 import zmq
 from conftest import MODEL
 from test_failures import stream
 
-from bench.server_process import Server, launched_server
-from shared.protocol import (
+from turnstile.bench.server_process import Server, launched_server
+from turnstile.shared.protocol import (
     PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
@@ -33,7 +32,9 @@ from shared.protocol import (
     StepResult,
     pack_ids,
 )
-from shared.zmq_io import private_dir
+from turnstile.shared.zmq_io import private_dir
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 PROMPT = "Write a list of 5 fruits and their colors:"
 
@@ -185,11 +186,8 @@ def test_a_second_reader_gets_status_but_no_one_elses_tokens(
 
 def test_serve_binds_ipc_sockets_in_a_directory_only_its_user_can_enter() -> None:
     with launched_server("--num-blocks", "64", addresses=False) as server:
-        children = psutil.Process(server.process.pid).children()
-        command = next(c.cmdline() for c in children if "scheduler" in c.cmdline())
-        address = command[command.index("--scheduler-address") + 1]
-        assert address.startswith("ipc://")
-        path = Path(address.removeprefix("ipc://"))
+        bound = [c.laddr for c in server.service("scheduler").net_connections(kind="unix")]
+        path = Path(next(p for p in bound if p.endswith("/scheduler.sock")))
         info = path.parent.stat()
         assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
         if os.getuid() == 0:  # as CI runs: another user is shut out by the directory's mode

@@ -11,8 +11,10 @@ import sys
 import pytest
 import torch
 
-from kernels import reference
-from kernels import triton_attention as triton_kernels
+from turnstile.kernels import reference
+from turnstile.kernels import triton_attention as triton_kernels
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.settings import build
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -111,10 +113,11 @@ def test_reference_prefill_equals_dense_causal_attention() -> None:
     torch.testing.assert_close(got, dense, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "kernels.compile_check", "90", "80"],
+        [sys.executable, "-m", "turnstile.kernels.compile_check", "90", "80"],
         env=env,
         capture_output=True,
         text=True,
@@ -127,23 +130,22 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
         assert len(per_target) == 6 and all(size > 1000 for size in per_target.values())
 
 
+@pytest.mark.slow
 def test_model_on_triton_kernels_generates_what_the_torch_path_generates() -> None:
     """The whole executor on the cuda backend (its Triton kernels interpreted here: a real GPU
     is the one thing this machine lacks) against the torch reference, prefill and decode."""
-    from executor_svc.runner_config import RunnerConfig
-    from shared.model_info import embedded_model_path
-    from shared.protocol import AddRequest, pack_ids
+    from turnstile.executor_svc.runner_config import RunnerConfig
     from turnstile.offline import OfflineEngine
+    from turnstile.shared.protocol import AddRequest, pack_ids
 
     prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1021))]
     outputs = []
     for backend in ("torch", "cuda"):
         engine = OfflineEngine(
-            RunnerConfig(
-                embedded_model_path(), dtype="float32", num_blocks=16, max_num_seqs=2,
-                backend=backend,
+            build(
+                RunnerConfig, dtype="float32", num_blocks=16, max_num_seqs=2, backend=backend
             ),
-            max_num_batched_tokens=16,
+            SchedulingConfig(max_num_batched_tokens=16),
         )  # fmt: skip
         requests = [
             AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=3, ignore_eos=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_info import derived_path, embedded_model_path, read_model_info
-from shared.tokenizer import Tokenizer
+from turnstile.shared.model_info import derived_path, embedded_model_path, read_model_info
+from turnstile.shared.tokenizer import Tokenizer
 
 
 def test_embedded_gguf_is_found_and_describes_smollm2() -> None:
@@ -41,6 +41,7 @@ def test_derived_caches_follow_the_model_files_content_not_its_install(
     assert derived_path(first, "w") == derived_path(changed, "w")
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None:
     """A full disk must not stop a start: a process whose files may not grow past 64 KB (a real
     write failure, EFBIG, from RLIMIT_FSIZE) converts the tokenizer (2 MB) and still encodes
@@ -50,8 +51,8 @@ def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None
         import resource, signal
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
-        from shared.model_info import embedded_model_path, read_model_info
-        from shared.tokenizer import Tokenizer
+        from turnstile.shared.model_info import embedded_model_path, read_model_info
+        from turnstile.shared.tokenizer import Tokenizer
         path = embedded_model_path()
         print(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
         """

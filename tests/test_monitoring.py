@@ -13,7 +13,9 @@ import openai
 import pytest
 from conftest import MODEL
 
-from bench.server_process import Server, launched_server
+from turnstile.bench.server_process import Server, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 
 def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path) -> None:
@@ -23,7 +25,7 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
     import urllib.parse
     import urllib.request
 
-    from bench.server_process import free_ports
+    from turnstile.bench.server_process import free_ports
 
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: `make test` installs Debian's package"
@@ -81,7 +83,7 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
 
 
 def test_bench_client_agrees_with_the_servers_prometheus_counters(server_for_bench: Server) -> None:
-    from bench import serve_bench
+    from turnstile.bench import serve_bench
 
     before = server_for_bench.scrape()
     jobs = serve_bench.make_jobs("longtail", 12, 16, 8, seed=3)
@@ -116,7 +118,7 @@ def server_for_bench(request: pytest.FixtureRequest) -> Iterator[Server]:
 def test_a_static_batch_waits_to_fill_and_opens_when_its_window_closes() -> None:
     """Requests reaching a static server a little apart still share one batch, and a batch
     that cannot fill opens once its first request has waited the fill timeout."""
-    from bench import serve_bench
+    from turnstile.bench import serve_bench
 
     static = ["--static-batching", "padded", "--static-fill-timeout", "3"]
     with launched_server("--num-blocks", "64", "--max-num-seqs", "3", *static) as server:

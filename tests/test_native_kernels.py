@@ -10,14 +10,16 @@ import torch
 import torch.nn.functional as F
 from test_kernels import DIM, HEADS, paged_setup
 
-from executor_svc import step_layout
-from executor_svc.backend import Backend
-from executor_svc.backends import backend_name
-from executor_svc.backends.native_decode import NativeDecode
-from executor_svc.backends.packed_projection import PackedProjection
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.step_layout import SHORT_PREFILL_TOKENS
-from kernels import cpu_native, native_attention, reference
+from turnstile.executor_svc import step_layout
+from turnstile.executor_svc.backend import Backend
+from turnstile.executor_svc.backends import backend_name
+from turnstile.executor_svc.backends.native_decode import NativeDecode
+from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.step_layout import SHORT_PREFILL_TOKENS
+from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.settings import build
 
 
 def test_the_library_builds_on_this_machine() -> None:
@@ -142,7 +144,7 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def name(**options: str) -> str:
-        return backend_name(RunnerConfig(Path("model"), **options))  # type: ignore[arg-type]
+        return backend_name(build(RunnerConfig, model="model", **options))
 
     assert name() == "cpu"
     assert name(dtype="bfloat16") == "cpu"
@@ -163,6 +165,7 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
     assert torch.equal(cpu_native.argmax(logits), logits.argmax(dim=-1))
 
 
+@pytest.mark.slow
 def test_a_build_is_cached_by_source_digest(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -174,6 +177,7 @@ def test_a_build_is_cached_by_source_digest(
     assert cpu_native.build() != first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("short_prefill_tokens", [SHORT_PREFILL_TOKENS, 0])
 def test_fused_decode_layers_generate_what_the_torch_layers_generate(
@@ -184,9 +188,8 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
     the 40-token prompt while the others decode, so steps mix prefill and decode rows; with
     short prefills allowed, every token of them is a row of the fused layers, else the prefill
     rows take the model's layers beside."""
-    from shared.model_info import embedded_model_path
-    from shared.protocol import AddRequest, pack_ids
     from turnstile.offline import OfflineEngine
+    from turnstile.shared.protocol import AddRequest, pack_ids
 
     monkeypatch.setattr(step_layout, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
     prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1040)), [1, 2, 3]]
@@ -197,8 +200,8 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
             if run == "unfused":
                 patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
             engine = OfflineEngine(
-                RunnerConfig(embedded_model_path(), dtype=dtype, num_blocks=32, max_num_seqs=4),
-                max_num_batched_tokens=16,
+                build(RunnerConfig, dtype=dtype, num_blocks=32, max_num_seqs=4),
+                SchedulingConfig(max_num_batched_tokens=16),
             )
         assert engine.runner.backend.name == "cpu"
         routes[run] = _record_routes(monkeypatch, engine.runner.backend)
@@ -228,6 +231,7 @@ def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str
     return seen
 
 
+@pytest.mark.slow
 def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,11 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import parity_bench
-from executor_svc.runner_config import RunnerConfig
-from shared.model_info import embedded_model_path
-from shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.bench import parity_bench
+from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import OfflineEngine
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.model_info import embedded_model_path
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.shared.settings import build
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 NEW_TOKENS = 64
 
@@ -46,10 +50,8 @@ def test_fp32_greedy_batch_with_chunking_and_preemption_equals_hf_alone(
     total = sum(len(ids) + NEW_TOKENS for ids in prompt_ids)
     num_blocks = total // 16 // 2  # half of what all requests need at once: forces preemption
     engine = OfflineEngine(
-        RunnerConfig(
-            embedded_model_path(), dtype="float32", num_blocks=num_blocks, max_num_seqs=16
-        ),
-        max_num_batched_tokens=longest // 2,
+        build(RunnerConfig, dtype="float32", num_blocks=num_blocks, max_num_seqs=16),
+        SchedulingConfig(max_num_batched_tokens=longest // 2),
     )
     results = engine.generate(requests(prompt_ids, SamplingParams()))
     assert engine.scheduler.stats.num_preemptions > 0
@@ -60,9 +62,7 @@ def test_fp32_greedy_batch_with_chunking_and_preemption_equals_hf_alone(
 
 
 def test_same_seed_same_tokens_alone_or_batched(prompt_ids: list[list[int]]) -> None:
-    engine = OfflineEngine(
-        RunnerConfig(embedded_model_path(), dtype="float32", num_blocks=256, max_num_seqs=16)
-    )
+    engine = OfflineEngine(build(RunnerConfig, dtype="float32", num_blocks=256, max_num_seqs=16))
     sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=1234)
     batched = engine.generate(requests(prompt_ids, sampling))
     alone = engine.generate(requests(prompt_ids[:1], sampling))
@@ -80,8 +80,8 @@ def test_a_hugging_face_safetensors_folder_serves_like_the_gguf(
 
     from safetensors.torch import save_file
 
-    from executor_svc.model.weights import load_weights
-    from shared.model_info import read_model_info
+    from turnstile.executor_svc.model.weights import load_weights
+    from turnstile.shared.model_info import read_model_info
 
     gguf = embedded_model_path()
     info = read_model_info(gguf)
@@ -97,7 +97,9 @@ def test_a_hugging_face_safetensors_folder_serves_like_the_gguf(
         "bos_token_id": info.bos_token_id, "eos_token_id": info.eos_token_id,
         "tie_word_embeddings": True,
     }))  # fmt: skip
-    engine = OfflineEngine(RunnerConfig(tmp_path, dtype="float32", num_blocks=256, max_num_seqs=16))
+    engine = OfflineEngine(
+        build(RunnerConfig, model=str(tmp_path), dtype="float32", num_blocks=256, max_num_seqs=16)
+    )
     assert engine.runner.info.num_kv_heads == 3 and engine.runner.info.tie_word_embeddings
     results = engine.generate(requests(prompt_ids[:3], SamplingParams()))
     assert [r.token_ids for r in results] == hf_greedy[:3]
@@ -143,7 +145,9 @@ def test_other_llama_family_checkpoints_match_hf(family: str, tmp_path: Path) ->
                                  eos_token_id=None, pad_token_id=0)  # fmt: skip
             expected.append(out[0, len(ids) :].tolist())
     assert len({tuple(tokens) for tokens in expected}) == len(prompts)  # not degenerate
-    engine = OfflineEngine(RunnerConfig(tmp_path, dtype="float32", num_blocks=64, max_num_seqs=4),
-                           max_num_batched_tokens=32)  # fmt: skip
+    engine = OfflineEngine(
+        build(RunnerConfig, model=str(tmp_path), dtype="float32", num_blocks=64, max_num_seqs=4),
+        SchedulingConfig(max_num_batched_tokens=32),
+    )
     results = engine.generate(requests(prompts, SamplingParams()))
     assert [r.token_ids for r in results] == expected

@@ -4,7 +4,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from shared.protocol import (
+from turnstile.shared.protocol import (
     AddRequest,
     BatchPlan,
     EngineOutputs,

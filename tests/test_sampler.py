@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.sampler import (
+from turnstile.executor_svc.sampler import (
     Noise,
     SamplingArrays,
     SamplingBatch,
@@ -15,8 +15,8 @@ from executor_svc.sampler import (
     hashed_noise,
     sample,
 )
-from executor_svc.staging import Staging
-from shared.protocol import SamplingParams
+from turnstile.executor_svc.staging import Staging
+from turnstile.shared.protocol import SamplingParams
 
 NOISES = pytest.mark.parametrize("noise", [generator_noise, hashed_noise])
 

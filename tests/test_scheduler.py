@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from scheduler_harness import EOS, Harness, expected_output
 
-from shared.config import SchedulerConfig
-from shared.protocol import AddRequest, SamplingParams, pack_ids, unpack_ids
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids, unpack_ids
+from turnstile.shared.settings import build
 
 
 def config(**overrides: object) -> SchedulerConfig:
@@ -13,7 +14,7 @@ def config(**overrides: object) -> SchedulerConfig:
         num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=128
     )
     values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
+    return build(SchedulerConfig, **values)
 
 
 def scheduled_tokens(harness: Harness, plan_index: int) -> int:

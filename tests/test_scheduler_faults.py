@@ -7,9 +7,10 @@ import msgspec
 import pytest
 from scheduler_harness import VOCAB, Harness, expected_output
 
-from executor_svc.plan_applier import PlanApplier
-from shared.config import SchedulerConfig
-from shared.protocol import AddRequest, FrameError, SamplingParams, StepResult, pack_ids
+from turnstile.executor_svc.plan_applier import PlanApplier
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.protocol import AddRequest, FrameError, SamplingParams, StepResult, pack_ids
+from turnstile.shared.settings import build
 
 
 def config(**overrides: object) -> SchedulerConfig:
@@ -17,7 +18,7 @@ def config(**overrides: object) -> SchedulerConfig:
         num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=128
     )
     values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
+    return build(SchedulerConfig, **values)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from scheduler_harness import Harness, expected_output
 
-from shared.config import SchedulerConfig
+from turnstile.shared.config import SchedulerConfig
+from turnstile.shared.settings import build
 
 PREFIXES = [list(range(100, 112)), list(range(200, 208))]
 
@@ -42,7 +43,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching: bool,
         static: str | None,
     ) -> None:
-        self.config = SchedulerConfig(
+        self.config = build(
+            SchedulerConfig,
             num_blocks=max(2, blocks_of_tokens // block_size + 1),
             block_size=block_size,
             max_num_seqs=max_num_seqs,
@@ -129,7 +131,8 @@ def test_preemption_happens_under_pressure_and_outputs_stay_exact(policy: str, s
     """The machine above can pass without preempting; this one always needs to."""
     lengths = {i: 12 + (seed + i) % 9 for i in range(6)}
     harness = Harness(
-        SchedulerConfig(
+        build(
+            SchedulerConfig,
             num_blocks=10,
             block_size=4,
             max_num_seqs=6,

@@ -10,9 +10,12 @@ import random
 import time
 
 import aiohttp
+import pytest
 from conftest import MODEL
 
-from bench.server_process import launched_server
+from turnstile.bench.server_process import launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 REQUESTS = 2000
 CONCURRENCY = 48

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_svc.text_stream import TextStream
-from shared.model_info import embedded_model_path, read_model_info
-from shared.tokenizer import Tokenizer
+from turnstile.gateway_svc.text_stream import TextStream
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 
 def scheduler(args: argparse.Namespace) -> None:
-    from bench.scheduler_bench import format_table, run
+    from turnstile.bench.scheduler_bench import format_table, run
 
     print(format_table(run(steps=args.steps, repeats=args.repeats)))
 
 
 def offline(args: argparse.Namespace) -> None:
-    from bench.offline_bench import run
+    from turnstile.bench.offline_bench import run
 
     report = run(
         args.prompts, args.prompt_len, args.new_tokens, args.hf_batch, args.dtype, args.rounds
@@ -22,14 +22,14 @@ def offline(args: argparse.Namespace) -> None:
 
 
 def step(args: argparse.Namespace) -> None:
-    from bench.step_profile import run
+    from turnstile.bench.step_profile import run
 
     for rows in args.rows:
         print("\n".join(run(rows, args.prompt_len, args.steps, args.dtype).lines()))
 
 
 def parity(args: argparse.Namespace) -> None:
-    from bench.parity_bench import agreement
+    from turnstile.bench.parity_bench import agreement
 
     for dtype, (identical, same, total) in agreement(args.new_tokens).items():
         print(
@@ -41,13 +41,13 @@ def parity(args: argparse.Namespace) -> None:
 def gpu(args: argparse.Namespace) -> None:
     import json
 
-    from bench.gpu_bench import run
+    from turnstile.bench.gpu_bench import run
 
     print(json.dumps(run(args.nominal_tbs, args.new_tokens, args.steps), indent=2))
 
 
 def startup(args: argparse.Namespace) -> None:
-    from bench.startup_bench import report
+    from turnstile.bench.startup_bench import report
 
     print(report(args.runs))
 
@@ -55,7 +55,7 @@ def startup(args: argparse.Namespace) -> None:
 def serve(args: argparse.Namespace) -> None:
     import json
 
-    from bench import serve_bench
+    from turnstile.bench import serve_bench
 
     jobs = serve_bench.make_jobs(
         args.dataset,
@@ -87,7 +87,7 @@ def serve(args: argparse.Namespace) -> None:
 def compare(args: argparse.Namespace) -> None:
     import json
 
-    from bench.compare_bench import compare
+    from turnstile.bench.compare_bench import compare
 
     results = compare(
         args.num_prompts,
@@ -104,9 +104,104 @@ def compare(args: argparse.Namespace) -> None:
 def serve_vs_hf(args: argparse.Namespace) -> None:
     import json
 
-    from bench.serve_vs_hf import compare
+    from turnstile.bench.serve_vs_hf import compare
 
     results = compare(
         args.rounds, args.num_prompts, args.input_len, args.output_len, args.hf_batch, args.seed
     )
     print(json.dumps(results, indent=2))
+
+
+def add_parsers(parser: argparse.ArgumentParser) -> None:
+    """`turnstile bench <name>`: each benchmark's parameters."""
+    bench = parser.add_subparsers(dest="bench", required=True)
+    command = bench.add_parser("scheduler", help="scheduler alone, simulated executor")
+    command.add_argument("--steps", type=int, default=300, help="timed steps per run")
+    command.add_argument("--repeats", type=int, default=5, help="runs per workload")
+    command.set_defaults(handler=scheduler)
+    command = bench.add_parser("offline", help="offline throughput and latency against HF")
+    command.add_argument("--prompts", type=int, default=64)
+    command.add_argument("--prompt-len", type=int, default=128)
+    command.add_argument("--new-tokens", type=int, default=128)
+    command.add_argument("--hf-batch", type=int, default=16)
+    command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    command.add_argument("--rounds", type=int, default=1, help="repeat; medians are reported")
+    command.set_defaults(handler=offline)
+    command = bench.add_parser("step", help="where a decode step's time goes (torch.profiler)")
+    command.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
+    command.add_argument("--prompt-len", type=int, default=128)
+    command.add_argument("--steps", type=int, default=10, help="timed and profiled steps, each")
+    command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    command.set_defaults(handler=step)
+    command = bench.add_parser("serve", help="load an OpenAI-compatible server")
+    command.add_argument("--url", default="http://127.0.0.1:8000")
+    command.add_argument("--model", default="SmolLM2-135M-Instruct")
+    command.add_argument(
+        "--dataset", default="random", choices=["random", "longtail", "shared-prefix"]
+    )
+    command.add_argument("--num-prompts", type=int, default=64)
+    command.add_argument("--input-len", type=int, default=128)
+    command.add_argument("--output-len", type=int, default=128)
+    command.add_argument("--range-ratio", type=float, default=0.0)
+    command.add_argument("--num-prefixes", type=int, default=4)
+    command.add_argument("--prefix-len", type=int, default=512)
+    command.add_argument(
+        "--rate",
+        type=float,
+        default=float("inf"),
+        help="arrivals per second (default: all at once)",
+    )
+    command.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="shape of the gamma-distributed gaps: 1 Poisson, <1 burstier, inf evenly spaced",
+    )
+    command.add_argument("--concurrency", type=int, default=None)
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--slo-ttft", type=float, default=2.0, help="seconds, for goodput")
+    command.add_argument("--slo-tpot", type=float, default=0.2, help="seconds, for goodput")
+    command.add_argument("--result-json", default=None)
+    command.add_argument("--plot", default=None, help="PNG of latency distributions")
+    command.set_defaults(handler=serve)
+    command = bench.add_parser("compare", help="continuous vs static batching on longtail")
+    command.add_argument(
+        "--num-prompts",
+        type=int,
+        default=128,
+        help="with fewer, the run's end (the batch draining, nothing left to admit) dominates",
+    )
+    command.add_argument("--input-len", type=int, default=32)
+    command.add_argument("--output-len", type=int, default=64, help="lognormal median")
+    command.add_argument("--max-num-seqs", type=int, default=16)
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--rounds", type=int, default=1, help="repeat; medians are reported")
+    command.add_argument(
+        "--plot-prefix", default="", help="write PREFIX-{continuous,padded,compact}.png"
+    )
+    command.set_defaults(handler=compare)
+    command = bench.add_parser(
+        "serve-vs-hf", help="our server on random prompts next to HF generate, repeated"
+    )
+    command.add_argument("--rounds", type=int, default=3)
+    command.add_argument("--num-prompts", type=int, default=64)
+    command.add_argument("--input-len", type=int, default=128)
+    command.add_argument("--output-len", type=int, default=128)
+    command.add_argument("--hf-batch", type=int, default=16)
+    command.add_argument("--seed", type=int, default=0)
+    command.set_defaults(handler=serve_vs_hf)
+    command = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
+    command.add_argument("--new-tokens", type=int, default=64)
+    command.set_defaults(handler=parity)
+    command = bench.add_parser(
+        "gpu", help="the CUDA backend on this GPU: HF parity, speed, roofline, a served run"
+    )
+    command.add_argument(
+        "--nominal-tbs", type=float, default=4.8, help="the GPU's memory bandwidth (H200: 4.8)"
+    )
+    command.add_argument("--new-tokens", type=int, default=64, help="parity: tokens per prompt")
+    command.add_argument("--steps", type=int, default=20, help="decode steps timed per batch size")
+    command.set_defaults(handler=gpu)
+    command = bench.add_parser("startup", help="launch to first answered request")
+    command.add_argument("--runs", type=int, default=3)
+    command.set_defaults(handler=startup)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from executor_svc.runner_config import RunnerConfig
-from gateway_svc.openai_api import (
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.gateway_svc.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -17,15 +17,16 @@ from gateway_svc.openai_api import (
     parse,
     prompt_of,
 )
-from gateway_svc.text_stream import TextStream
-from shared.tokenizer import Tokenizer
+from turnstile.gateway_svc.text_stream import TextStream
 from turnstile.offline import OfflineEngine
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.tokenizer import Tokenizer
 
 
 def generate_file(
-    source: Path, target: Path, config: RunnerConfig, max_num_batched_tokens: int
+    source: Path, target: Path, config: RunnerConfig, scheduling: SchedulingConfig
 ) -> None:
-    engine = OfflineEngine(config, max_num_batched_tokens=max_num_batched_tokens)
+    engine = OfflineEngine(config, scheduling)
     tokenizer = Tokenizer(config.model_path, engine.runner.info)
     lines = [line for line in source.read_text().splitlines() if line.strip()]
     records: list[dict] = []

@@ -1,41 +1,142 @@
 """`turnstile serve`: the scheduler, the executor and the gateway as child processes of one
-command, which waits for readiness, prints the URL, and stops them all on Ctrl-C / SIGTERM."""
+command, each handed its settings as a dataclass; it waits for readiness, prints the URL,
+restarts a service that dies, and stops them all on Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
+import logging
+import multiprocessing
+import os
+import shutil
 import signal
-import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
 
+import setproctitle
 
-def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "turnstile.cli", *args])
-
+from turnstile.executor_svc.runner_config import (
+    ExecutorConfig,
+    ExecutorServiceConfig,
+    RunnerConfig,
+)
+from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
+from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
+from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
+from turnstile.shared.settings import nested, setting
+from turnstile.shared.zmq_io import scheduler_addresses
 
 MAX_RESTARTS = 5  # within RESTART_WINDOW seconds, per service; then everything stops
 RESTART_WINDOW = 60.0
 DRAIN_SECONDS = 65.0  # the gateway's own drain limit, plus a margin
 
 
-def launch(
-    common: list[str],
-    gateway: list[str],
-    scheduler: list[str],
-    executor: list[str],
-    url: str,
-    ready_timeout: float,
-) -> int:
-    """Start everything, wait for /health, then supervise: a service that dies is started
-    again (the scheduler re-queues the work of a lost executor), until a signal arrives."""
-    commands = [
-        ["scheduler", *common, *scheduler],
-        ["executor", *common, *executor],
-        ["gateway", *common, *gateway],
+@dataclass(slots=True, frozen=True)
+class LaunchConfig:
+    """The stack's start"""
+
+    ready_timeout: float = setting(300.0, "seconds the stack may take to answer /health")
+
+
+@dataclass(slots=True, frozen=True)
+class ServeConfig:
+    engine: EngineConfig = nested(EngineConfig)
+    addresses: AddressConfig = nested(AddressConfig)
+    scheduling: SchedulingConfig = nested(SchedulingConfig)
+    admission: AdmissionConfig = nested(AdmissionConfig)
+    executor: ExecutorConfig = nested(ExecutorConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)
+    launch: LaunchConfig = nested(LaunchConfig)
+
+
+# Each service's entry point, "module:function": imported by the process that runs it alone, so
+# `serve` itself never loads torch.
+ENTRY_POINTS = {
+    "scheduler": "turnstile.scheduler_svc.service:serve_scheduler",
+    "executor": "turnstile.executor_svc.service:serve_executor",
+    "gateway": "turnstile.gateway_svc.server:serve_gateway",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Service:
+    name: str  # in ENTRY_POINTS
+    config: Any  # what its entry point takes
+
+
+def run_service(service: Service) -> None:
+    module, _, function = ENTRY_POINTS[service.name].partition(":")
+    getattr(importlib.import_module(module), function)(service.config)
+
+
+def stack(config: ServeConfig, run_dir: Path) -> list[Service]:
+    """The three services of one stack, their sockets in `run_dir` unless set."""
+    addresses = AddressConfig(*scheduler_addresses(config.addresses, run_dir))
+    metrics = config.metrics
+    executor_metrics = metrics
+    if metrics.metrics_port is not None:
+        executor_metrics = dataclasses.replace(metrics, metrics_port=metrics.metrics_port + 1)
+    scheduler = SchedulerServiceConfig(
+        config.engine, addresses, config.scheduling, config.admission, metrics
+    )
+    runner = RunnerConfig(config.engine, config.executor)
+    return [
+        Service("scheduler", scheduler),
+        Service("executor", ExecutorServiceConfig(runner, addresses, executor_metrics)),
+        Service("gateway", GatewayServiceConfig(config.engine, addresses, config.gateway)),
     ]
-    children = [_spawn(command) for command in commands]
-    restarts: list[list[float]] = [[] for _ in commands]
+
+
+def configure_logging(name: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("TURNSTILE_LOG", "INFO"),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _child(service: Service) -> None:
+    setproctitle.setproctitle(f"turnstile {service.name}")  # what ps and process managers show
+    configure_logging(service.name)
+    with contextlib.suppress(KeyboardInterrupt):
+        run_service(service)
+
+
+def _start(service: Service) -> BaseProcess:
+    # spawn, not fork: a fresh interpreter per service, as a separate command would have.
+    process = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(service,), name=f"turnstile-{service.name}"
+    )
+    process.start()
+    return process
+
+
+def serve(config: ServeConfig) -> None:
+    # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,
+    # and several stacks on one host never meet.
+    run_dir = Path(tempfile.mkdtemp(prefix="turnstile-"))
+    url = f"http://{config.gateway.host}:{config.gateway.port}"
+    try:
+        code = supervise(stack(config, run_dir), url, config.launch.ready_timeout)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    sys.exit(code)
+
+
+def supervise(stack: list[Service], url: str, ready_timeout: float) -> int:
+    """Start everything, wait for /health, then supervise: a service that dies is started
+    again (the scheduler re-queues the work of a lost executor), until a signal arrives.
+    The gateway comes last in `stack`."""
+    children = [_start(service) for service in stack]
+    restarts: list[list[float]] = [[] for _ in stack]
     stopping = False
 
     def stop(*_: object) -> None:
@@ -49,17 +150,17 @@ def launch(
     code = 0
     while not stopping:
         for index, child in enumerate(children):
-            if child.poll() is None:
+            if child.exitcode is None:
                 continue
             now = time.monotonic()
             restarts[index] = [t for t in restarts[index] if now - t < RESTART_WINDOW] + [now]
-            name = commands[index][0]
+            name = stack[index].name
             if len(restarts[index]) > MAX_RESTARTS:
                 print(f"turnstile: {name} keeps dying; stopping", file=sys.stderr)
                 stopping, code = True, 1
                 break
-            print(f"turnstile: {name} exited ({child.returncode}); restarting", file=sys.stderr)
-            children[index] = _spawn(commands[index])
+            print(f"turnstile: {name} exited ({child.exitcode}); restarting", file=sys.stderr)
+            children[index] = _start(stack[index])
         if not announced and not stopping:
             if healthy(url):
                 ready_in = time.monotonic() - started
@@ -70,25 +171,28 @@ def launch(
                 code = 1
                 break
         time.sleep(0.2)
+    _stop(children)
+    return code
+
+
+def _stop(children: list[BaseProcess]) -> None:
     # The gateway goes first and drains: requests under way finish while the scheduler and the
     # executors still run; then the rest stop.
     gateway = children[-1]
-    if gateway.poll() is None:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(timeout=DRAIN_SECONDS)
-        except subprocess.TimeoutExpired:
+    if gateway.exitcode is None:
+        gateway.terminate()
+        gateway.join(DRAIN_SECONDS)
+        if gateway.exitcode is None:
             gateway.kill()
     for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+        if child.exitcode is None:
+            child.terminate()
     deadline = time.monotonic() + 10
     for child in children:
-        try:
-            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
+        child.join(max(deadline - time.monotonic(), 0.1))
+        if child.exitcode is None:
             child.kill()
-    return code
+            child.join()
 
 
 def healthy(url: str) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import RunnerConfig
-from scheduler_svc.scheduler import Scheduler
-from shared.config import SchedulerConfig
-from shared.protocol import AddRequest, unpack_ids
+from turnstile.executor_svc.model_runner import ModelRunner
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.shared.config import SchedulerConfig, SchedulingConfig
+from turnstile.shared.protocol import AddRequest, unpack_ids
 
 
 @dataclass(slots=True)
@@ -22,22 +22,16 @@ class Completion:
 
 class OfflineEngine:
     def __init__(
-        self,
-        runner_config: RunnerConfig,
-        max_num_batched_tokens: int = 2048,
-        policy: str = "fcfs",
-        enable_prefix_caching: bool = True,
+        self, runner_config: RunnerConfig, scheduling: SchedulingConfig | None = None
     ) -> None:
         self.runner = ModelRunner(runner_config)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=self.runner.num_blocks,
-                block_size=runner_config.block_size,
-                max_num_seqs=runner_config.max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
+                block_size=runner_config.engine.block_size,
+                max_num_seqs=runner_config.engine.max_num_seqs,
                 max_model_len=self.runner.max_model_len,
-                policy=policy,  # type: ignore[arg-type]
-                enable_prefix_caching=enable_prefix_caching,
+                scheduling=scheduling or SchedulingConfig(),
             ),
             eos_token_id=self.runner.info.eos_token_id,
             vocab_size=self.runner.info.vocab_size,

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from executor_svc.backend import Backend
-from executor_svc.runner_config import RunnerConfig
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.backend import Backend
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.shared.model_info import ModelInfo
 
 
 def _cpu() -> type[Backend]:
-    from executor_svc.backends.cpu import CpuNativeBackend
+    from turnstile.executor_svc.backends.cpu import CpuNativeBackend
 
     return CpuNativeBackend
 
 
 def _torch() -> type[Backend]:
-    from executor_svc.backends.torch_reference import TorchReferenceBackend
+    from turnstile.executor_svc.backends.torch_reference import TorchReferenceBackend
 
     return TorchReferenceBackend
 
 
 def _cuda() -> type[Backend]:
-    from executor_svc.backends.cuda import CudaBackend
+    from turnstile.executor_svc.backends.cuda import CudaBackend
 
     return CudaBackend
 
@@ -33,13 +33,15 @@ BACKENDS: dict[str, Callable[[], type[Backend]]] = {"cpu": _cpu, "torch": _torch
 def backend_name(config: RunnerConfig) -> str:
     """The backend `config` asks for; "auto": CUDA on a GPU, on a CPU the native kernels
     where they run (float32 or bfloat16 weights), else the torch reference."""
-    if config.backend != "auto":
-        if config.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {config.backend!r}; choose from {sorted(BACKENDS)}")
-        return config.backend
-    if config.device.startswith("cuda"):
+    if config.executor.backend != "auto":
+        if config.executor.backend not in BACKENDS:
+            raise ValueError(
+                f"unknown backend {config.executor.backend!r}; choose from {sorted(BACKENDS)}"
+            )
+        return config.executor.backend
+    if config.executor.device.startswith("cuda"):
         return "cuda"
-    from executor_svc.backends.cpu import CpuNativeBackend
+    from turnstile.executor_svc.backends.cpu import CpuNativeBackend
 
     return "cpu" if CpuNativeBackend.runs(config) else "torch"
 

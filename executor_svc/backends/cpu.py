@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.backend import Backend, FusedRows, KVCaches, Route
-from executor_svc.backends.native_decode import NativeDecode
-from executor_svc.backends.packed_projection import PackedProjection
-from executor_svc.backends.torch_reference import TORCH_ATTENTION
-from executor_svc.model.attention import PagedAttention
-from executor_svc.model.llama import LlamaModel
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.step_layout import StepLayout
-from kernels import cpu_native, native_attention, reference
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.backend import Backend, FusedRows, KVCaches, Route
+from turnstile.executor_svc.backends.native_decode import NativeDecode
+from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
+from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.step_layout import StepLayout
+from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.shared.model_info import ModelInfo
 
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
@@ -34,8 +34,8 @@ class CpuNativeBackend(Backend):
     def runs(config: RunnerConfig) -> bool:
         """Whether this backend can serve `config` here."""
         return (
-            config.device == "cpu"
-            and config.dtype in NATIVE_DTYPES
+            config.executor.device == "cpu"
+            and config.executor.dtype in NATIVE_DTYPES
             and cpu_native.library() is not None
         )
 
@@ -43,8 +43,9 @@ class CpuNativeBackend(Backend):
         if not self.runs(config):
             raise ValueError(
                 f"the cpu backend needs device cpu, dtype float32 or bfloat16 and the native "
-                f"kernels (AVX2, FMA, a C compiler); got device {config.device}, dtype "
-                f"{config.dtype}, kernels {'built' if cpu_native.library() else 'unavailable'}"
+                f"kernels (AVX2, FMA, a C compiler); got device {config.executor.device}, "
+                f"dtype {config.executor.dtype}, kernels "
+                f"{'built' if cpu_native.library() else 'unavailable'}"
             )
         super().__init__(config, info)
         native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.backend import Backend, DeviceStep, KVCaches
-from executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
-from executor_svc.model.attention import PagedAttention
-from executor_svc.model.llama import LlamaModel
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.sampler import hashed_noise
-from kernels import triton_ops
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.backend import Backend, DeviceStep, KVCaches
+from turnstile.executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
+from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.sampler import hashed_noise
+from turnstile.kernels import triton_ops
+from turnstile.shared.model_info import ModelInfo
 
 TRITON_ATTENTION = PagedAttention(triton_ops.write_kv, triton_ops.decode, triton_ops.prefill)
 
@@ -37,16 +37,16 @@ class CudaBackend(Backend):
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
-        if self.device.type == "cuda" and not self.config.enforce_eager:
-            config = self.config
-            max_len = config.max_model_len or self.info.max_model_len
+        if self.device.type == "cuda" and not self.config.executor.enforce_eager:
+            engine = self.config.engine
+            max_len = engine.max_model_len or self.info.max_model_len
             self._graphs = DecodeGraphs(
                 model,
                 kv_caches,
                 self.attention,
-                capture_sizes(config.max_num_seqs),
-                -(-max_len // config.block_size),
-                config.block_size,
+                capture_sizes(engine.max_num_seqs),
+                -(-max_len // engine.block_size),
+                engine.block_size,
             )
 
     def forward(self, step: DeviceStep) -> torch.Tensor:

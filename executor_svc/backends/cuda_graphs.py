@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.backend import DeviceStep, KVCaches
-from executor_svc.model.attention import AttentionBatch, PagedAttention
-from executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.backend import DeviceStep, KVCaches
+from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
+from turnstile.executor_svc.model.llama import LlamaModel
 
 
 def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:

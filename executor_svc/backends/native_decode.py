@@ -10,12 +10,12 @@ import ctypes
 
 import torch
 
-from executor_svc.backends.packed_projection import PackedProjection
-from executor_svc.model.layer_weights import LayerWeights
-from executor_svc.model.projection import Projection
-from kernels import cpu_native
-from kernels.reference import DecodePlan
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.model.layer_weights import LayerWeights
+from turnstile.executor_svc.model.projection import Projection
+from turnstile.kernels import cpu_native
+from turnstile.kernels.reference import DecodePlan
+from turnstile.shared.model_info import ModelInfo
 
 PROFILE_LABEL = "native::decode_layers"  # what `turnstile bench step` finds them by
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_native
+from turnstile.kernels import cpu_native
 
 
 class PackedProjection:

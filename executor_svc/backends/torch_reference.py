@@ -3,10 +3,10 @@ CPU's backend where the native kernels cannot run."""
 
 from __future__ import annotations
 
-from executor_svc.backend import Backend
-from executor_svc.cpu_runtime import native_bf16_matmul
-from executor_svc.model.attention import PagedAttention
-from kernels import reference
+from turnstile.executor_svc.backend import Backend
+from turnstile.executor_svc.cpu_runtime import native_bf16_matmul
+from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.kernels import reference
 
 TORCH_ATTENTION = PagedAttention(
     reference.write_kv,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.reference import DecodePlan, PrefillPlan
+from turnstile.kernels.reference import DecodePlan, PrefillPlan
 
 Tensor = torch.Tensor
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.model.projection import Projection
+from turnstile.executor_svc.model.projection import Projection
 
 
 @dataclass(slots=True)

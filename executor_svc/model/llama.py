@@ -13,10 +13,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from executor_svc.model.attention import AttentionBatch
-from executor_svc.model.layer_weights import LayerWeights
-from executor_svc.model.projection import ProjectionFactory
-from shared.model_info import ModelInfo
+from turnstile.executor_svc.model.attention import AttentionBatch
+from turnstile.executor_svc.model.layer_weights import LayerWeights
+from turnstile.executor_svc.model.projection import ProjectionFactory
+from turnstile.shared.model_info import ModelInfo
 
 
 def rope_inverse_frequencies(info: ModelInfo) -> torch.Tensor:

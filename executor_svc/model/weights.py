@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
-from shared.model_info import ModelInfo, derived_path, write_atomically
+from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,28 @@
+"""The gateway service's settings: the engine it fronts, where it listens, what it accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from turnstile.shared.config import AddressConfig, EngineConfig
+from turnstile.shared.settings import nested, setting
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    """The OpenAI-compatible HTTP gateway"""
+
+    host: str = setting("127.0.0.1", "the address to listen on")
+    port: int = setting(8000, "the port to listen on")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/")
+    max_body_mb: float = setting(4.0, "largest request body accepted")
+    request_timeout: float = setting(
+        1800.0, "seconds after which a request still running ends with an error (HTTP 504)"
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayServiceConfig:
+    engine: EngineConfig = nested(EngineConfig)
+    addresses: AddressConfig = nested(AddressConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)

@@ -43,8 +43,7 @@ FAULT_TOKEN_ENV = "TURNSTILE_FAULT_INJECTION_TOKEN"
 
 
 def serve_executor(config: ExecutorServiceConfig) -> None:
-    if config.metrics.metrics_port is not None:
-        serve_metrics(config.metrics.metrics_port, config.metrics.metrics_host)
+    serve_metrics(config.metrics)
     runner = ModelRunner(config.runner)
     codec: FrameCodec[SchedulerToExecutor] = FrameCodec(SchedulerToExecutor, "executor.plans")
     address = scheduler_addresses(config.addresses)[1]

@@ -64,9 +64,7 @@ class SchedulerService:
         self._probe_at: float | None = None
 
     def serve_forever(self) -> None:
-        metrics = self.config.metrics
-        if metrics.metrics_port is not None:
-            serve_metrics(metrics.metrics_port, metrics.metrics_host)
+        serve_metrics(self.config.metrics)
         poller = zmq.Poller()
         for socket in (
             self.gateways.socket, self.gateways.disconnects, self.link.socket,

@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from turnstile.shared.config import MetricsConfig
+
 
 class _MetricsHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
@@ -28,7 +30,10 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         pass
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), _MetricsHandler)
+def serve_metrics(config: MetricsConfig) -> ThreadingHTTPServer | None:
+    """Serve /metrics where `config` says; nothing without a port."""
+    if config.metrics_port is None:
+        return None
+    server = ThreadingHTTPServer((config.metrics_host, config.metrics_port), _MetricsHandler)
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     return server

@@ -64,7 +64,7 @@ class PlanApplier:
                     scheduled[batch.positions_of(overrides)] = unpack_ids(plan.override_counts)
                 batch.extend_blocks(rows, batch.blocks_needed(rows, scheduled), new_block_ids)
             else:
-                at_boundary = rows[batch.num_computed[rows] % batch.block_size == 0]
+                at_boundary = batch.decode_block_rows(rows)
                 if len(at_boundary) != len(new_block_ids):
                     raise ValueError(f"{len(new_block_ids)} new blocks for {len(at_boundary)}")
                 batch.append_blocks(at_boundary, new_block_ids)
@@ -93,7 +93,7 @@ class PlanApplier:
         seq_lens = starts + counts
         width = int(cdiv(int(seq_lens.max()), block_size)) if len(rows) else 0
         batch.num_computed[rows] = seq_lens
-        sampling = seq_lens == batch.num_tokens[rows]
+        sampling = batch.samples(rows)
         self._sample_rows = rows[sampling]
         return StepInputs(
             rows=rows,

@@ -4,9 +4,12 @@ and resumes, and ends exactly once (finished, aborted, expired or failed), its b
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
+from turnstile.scheduler_svc.admission import admission_for
 from turnstile.scheduler_svc.block_pool import BlockPool
+from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.prefix_cache import PrefixCache
 from turnstile.scheduler_svc.request import Request, Status
 from turnstile.scheduler_svc.running_batch import RunningBatch
@@ -31,6 +34,7 @@ class RequestLifecycle:
         self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size
         self.by_priority = config.scheduling.policy == "priority"
+        self.admission = admission_for(config)
         self.pool = BlockPool(
             config.num_blocks, config.block_size, config.scheduling.enable_prefix_caching
         )
@@ -44,11 +48,9 @@ class RequestLifecycle:
         self.stats = SchedulerStats()
         self.step = 0
         self._arrivals = 0
-        self._in_flight = False
+        self.in_flight: deque[StepInFlight] = deque()  # planned, oldest first, not answered
         self._removed: list[int] = []
         self._finished: list[Finished] = []
-        self._pending_aborts: list[int] = []
-        self._prefilling: list[int] = []
         # Static "padded" batching: rows whose request has ended but which compute on, their
         # tokens discarded, until the last live row of their batch is done.
         self._padding: set[int] = set()
@@ -91,10 +93,8 @@ class RequestLifecycle:
         self.stats.prompt_tokens += req.num_prompt_tokens
 
     def abort(self, req_id: int) -> None:
-        """End a request now, or right after the step in flight; unknown ids are ignored."""
-        if self._in_flight:
-            self._pending_aborts.append(req_id)
-            return
+        """End a request now (a token of it still in flight is dropped on arrival); unknown ids
+        are ignored."""
         req = self.requests.get(req_id)
         if req is None:
             return
@@ -110,7 +110,7 @@ class RequestLifecycle:
         become suspects: they run one at a time, each computing its prompt with no other beside
         it, so a second failure names its cause, and a request in two failed steps ends as
         "failed": a request that kills its executor cannot take the service down."""
-        if failure and self._in_flight:
+        if failure and self.in_flight:
             self._blame(failure)
         slots = self.batch.order.tolist()
         released = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
@@ -128,11 +128,8 @@ class RequestLifecycle:
             req.status = Status.WAITING
             req.num_preemptions += 1
             self._queue_of(req).push_front(req)
-        self._removed, self._prefilling = [], []
-        self._in_flight = False
-        for req_id in self._pending_aborts:
-            self.abort(req_id)
-        self._pending_aborts = []
+        self._removed = []
+        self.in_flight.clear()
 
     def fail_all(self, error: str) -> None:
         """End every live request as "unavailable" (after `restart`, none is running)."""
@@ -166,8 +163,9 @@ class RequestLifecycle:
         return self.suspects if req.crashes else self.waiting
 
     def _blame(self, failure: str) -> None:
-        """Every row of the failed step is one failure closer to being ended."""
-        for slot in self.batch.order.tolist():
+        """Every row of the failed step (the oldest in flight) still running is one failure
+        closer to being ended; rows planned only in later steps never ran."""
+        for slot in self.in_flight[0].still_rows(self.batch):
             req = self.batch.requests[slot]
             if req is None or req.status is not Status.RUNNING:
                 continue  # padding of a static batch: already ended
@@ -194,9 +192,10 @@ class RequestLifecycle:
         return req
 
     def _finish_row(self, slot: int, reason: str) -> None:
-        if self.config.scheduling.static_batching == "padded":
+        if self.admission.pads_finished_rows:
             self._end(self.batch.requests[slot], reason)  # type: ignore[arg-type]
             self._padding.add(slot)
+            self.batch.stop_len[slot] = self.config.max_model_len  # it computes on
         else:
             self._end(self._drop_row(slot, keep_tokens=False), reason)
 

@@ -32,8 +32,12 @@ class SchedulerMetrics:
         )
         self.executor_seconds = Histogram(
             "turnstile:executor_step_seconds",
-            "Time from sending a plan to receiving its result",
+            "Time from a plan's start (sent, or the previous result back) to its result",
             buckets=_EXECUTOR_BUCKETS,
+        )
+        self.plans_in_flight = Gauge(
+            "turnstile:scheduler_plans_in_flight",
+            "Plans sent and not answered (2: the next one waits at the executor)",
         )
         self.plan_bytes = Histogram(
             "turnstile:plan_bytes",

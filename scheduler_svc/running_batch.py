@@ -1,4 +1,7 @@
-"""The scheduler's persistent batch: the shared columns plus what decides stops and victims."""
+"""The scheduler's persistent batch: the shared columns plus what decides stops and victims.
+
+A row that samples in a step is given its token's place at once, a placeholder filled in when
+the result comes back, so the next step can be planned while this one runs."""
 
 from __future__ import annotations
 
@@ -17,8 +20,13 @@ class RunningBatch(BatchTable):
         self.rank = np.zeros(capacity, dtype=np.int64)
         self.num_hashed = np.zeros(capacity, dtype=np.int64)
         self.last_hash = np.zeros(capacity, dtype=np.uint64)
+        self.num_pending = np.zeros(capacity, dtype=np.int64)  # placeholders at the end
+        # Which admission holds the slot: a late result for a row that has left (and whose
+        # slot another request took) is told apart by it.
+        self.admission = np.full(capacity, -1, dtype=np.int64)
         self.requests: list[Request | None] = [None] * capacity
         self.num_with_stop_ids = 0
+        self._admissions = 0
 
     def admit(
         self, req: Request, block_ids: list[int], num_computed: int, by_priority: bool
@@ -32,6 +40,9 @@ class RunningBatch(BatchTable):
         self.num_with_stop_ids += bool(req.stop_token_ids)
         self.rank[slot] = req.rank(by_priority)
         self.num_hashed[slot] = num_computed // self.block_size
+        self.num_pending[slot] = 0
+        self.admission[slot] = self._admissions
+        self._admissions += 1
         self.requests[slot] = req
         req.status = Status.RUNNING
         return slot
@@ -41,10 +52,31 @@ class RunningBatch(BatchTable):
         req = self.requests[slot]
         assert req is not None
         if keep_tokens:
-            req.token_ids = self.known_tokens(slot).copy()
+            req.token_ids = self.real_tokens(slot).copy()
         blocks = self.blocks_of(slot)[::-1].copy()
         self.requests[slot] = None
+        self.admission[slot] = -1
         self.num_with_stop_ids -= bool(self.has_stop_ids[slot])
         self.num_blocks[slot] = 0
         self.remove([req.req_id])
         return req, blocks
+
+    def real_tokens(self, slot: int) -> np.ndarray:
+        """The row's tokens without the placeholders of steps still in flight."""
+        return self.tokens[slot, : self.num_tokens[slot] - self.num_pending[slot]]
+
+    def wanted(self, rows: np.ndarray) -> np.ndarray:
+        """Tokens each row has yet to compute; a row that reached its length computes no more
+        (its last token's place is held while its step runs)."""
+        return np.minimum(self.num_tokens[rows], self.stop_len[rows] - 1) - self.num_computed[rows]
+
+    def hold_places(self, rows: np.ndarray) -> np.ndarray:
+        """A placeholder for the token each of `rows` samples this step; returns its index."""
+        index = self.num_tokens[rows]
+        self.num_tokens[rows] = index + 1
+        self.num_pending[rows] += 1
+        return index
+
+    def fill_places(self, rows: np.ndarray, index: np.ndarray, tokens: np.ndarray) -> None:
+        self.tokens[rows, index] = tokens
+        self.num_pending[rows] -= 1

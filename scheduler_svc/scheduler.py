@@ -1,7 +1,9 @@
 """Iteration-level scheduling: one token budget a step, running requests first, then waiting ones.
 
-`schedule()` builds the next `BatchPlan`; `update()` takes the executor's `StepResult`, appends
-the sampled tokens, ends requests that hit a stop condition and returns their `EngineOutputs`.
+`schedule()` builds the next `BatchPlan`; `update()` takes the executor's `StepResult` for the
+oldest step in flight, fills in the sampled tokens, ends requests that hit a stop condition and
+returns their `EngineOutputs`. The next step may be planned before the last one's result is
+back (async scheduling): the stops it reveals then take effect one step later.
 Steady decode is vector arithmetic over the running batch; Python loops only run over events
 (a new block, an admission, an ending, a preemption).
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.lifecycle import RequestLifecycle
+from turnstile.scheduler_svc.request import Status
 from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
 from turnstile.shared.batch_table import cdiv
 from turnstile.shared.protocol import (
@@ -40,32 +44,21 @@ def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
 
 class Scheduler(RequestLifecycle):
     def wants_step(self, now: float) -> bool:
-        """Whether to step now: there is work, and no static batch is still filling. A static
-        server opens its next batch once it is full or its first request has waited the fill
-        timeout, so requests sent together share a batch, as at a static server with a
-        batching window (and as `bench compare`'s ideal ratio assumes), even though they reach
-        the scheduler one by one."""
-        config = self.config
+        """Whether to step now: there is work, and the admission policy does not wait."""
         if not self.has_work:
             return False
-        if (
-            config.scheduling.static_batching is None
-            or len(self.batch)
-            or self.num_waiting >= config.max_num_seqs
-        ):
-            return True
         first = self.waiting.peek()
-        return first is None or now - first.arrived_at >= config.scheduling.static_fill_timeout
+        waited = None if first is None else now - first.arrived_at
+        return self.admission.wants_step(len(self.batch), self.num_waiting, waited)
 
     def schedule(self) -> BatchPlan:
-        if self._in_flight:
-            raise RuntimeError("schedule() called again before update()")
         self.step += 1
         budget = self.config.scheduling.max_num_batched_tokens
         if self.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order
-        new_block_ids = None if self._prefilling else self._schedule_decodes(rows)
+        steady = bool((self.batch.wanted(rows) == 1).all())
+        new_block_ids = self._schedule_decodes(rows) if steady else None
         if new_block_ids is not None:
             overridden = np.empty(0, dtype=np.int64)
             scheduled = overridden
@@ -76,7 +69,7 @@ class Scheduler(RequestLifecycle):
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
-        closed = preempted or (self.config.scheduling.static_batching is not None and len(rows) > 0)
+        closed = preempted or not self.admission.is_open(len(rows))
         prefilling = bool(len(overridden)) and bool((scheduled[overridden] > 0).any())
         new = [] if closed else self._admit(budget, prefilling)
         plan = BatchPlan(
@@ -88,20 +81,20 @@ class Scheduler(RequestLifecycle):
             new_block_ids=pack_ids(new_block_ids),
         )
         self._removed = []
-        self._prefilling = rows[overridden].tolist() + [self.batch.slot_of[n.req_id] for n in new]
-        self._in_flight = True
+        admitted = [self.batch.slot_of[n.req_id] for n in new]
+        prefilled = np.concatenate([rows[overridden], np.array(admitted, dtype=np.int64)])
+        self.in_flight.append(StepInFlight.record(self.step, self.batch, prefilled))
         return plan
 
     def _schedule_decodes(self, rows: np.ndarray) -> np.ndarray | None:
         """The steady-state step: every row decodes one token. Returns the new block ids, or
         None when blocks run short and the general path must choose victims."""
-        computed = self.batch.num_computed[rows]
-        at_boundary = rows[computed % self.config.block_size == 0]
+        at_boundary = self.batch.decode_block_rows(rows)
         if len(at_boundary) > self.pool.num_free:
             return None
         new_block_ids = self.pool.allocate(len(at_boundary))
         self.batch.append_blocks(at_boundary, new_block_ids)
-        self.batch.num_computed[rows] = computed + 1
+        self.batch.num_computed[rows] += 1
         return new_block_ids
 
     def _schedule_running(
@@ -109,7 +102,7 @@ class Scheduler(RequestLifecycle):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """Any step: split the budget, grant blocks, preempt when they run out."""
         computed = self.batch.num_computed[rows]
-        scheduled = split_budget(self.batch.num_tokens[rows] - computed, budget)
+        scheduled = split_budget(self.batch.wanted(rows), budget)
         need = self.batch.blocks_needed(rows, scheduled)
         total_need = int(need.sum())
         preempted = total_need > self.pool.num_free
@@ -124,55 +117,69 @@ class Scheduler(RequestLifecycle):
 
     def update(self, result: StepResult) -> EngineOutputs:
         """Raises FrameError, changing nothing, for a result that does not fit the step."""
-        if not self._in_flight or result.step != self.step:
-            raise FrameError(f"result for step {result.step}; step {self.step} is in flight")
-        batch = self.batch
-        rows = batch.order
-        computed = batch.num_computed[rows]
-        known = batch.num_tokens[rows]
-        caught_up = computed == known
-        sampling = rows[caught_up]
+        record = self.in_flight[0] if self.in_flight else None
+        if record is None or result.step != record.step:
+            raise FrameError(f"result for step {result.step}; step {self.step} is the latest sent")
         sampled = unpack_ids(result.sampled)
-        if len(sampled) != len(sampling):
-            raise FrameError(f"{len(sampled)} sampled ids for {len(sampling)} sampling rows")
+        if len(sampled) != len(record.slots):
+            raise FrameError(f"{len(sampled)} sampled ids for {len(record.slots)} sampling rows")
         if len(sampled) and not (sampled.min() >= 0 and sampled.max() < self.vocab_size):
             raise FrameError(f"sampled ids outside the vocabulary [0, {self.vocab_size})")
         if result.logprobs and len(result.logprobs) != len(sampled):
             raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
-        self._in_flight = False
-        length = known[caught_up] + 1
-        batch.tokens[sampling, length - 1] = sampled
-        batch.num_tokens[sampling] = length
+        self.in_flight.popleft()
+        batch = self.batch
+        live = record.live(batch)
+        batch.fill_places(record.slots[live], record.index[live], sampled[live])
         if self.pool.enable_caching:
-            for slot in self._prefilling:
+            for slot in record.still_prefilled(batch):
                 self.prefix_cache.publish(slot)
-        token_ids, logprobs = result.sampled, result.logprobs
+        answered = live.copy()
         if self._padding:  # padding rows' tokens are computed, never answered
-            live = ~np.isin(sampling, list(self._padding))
-            sampling, sampled, length = sampling[live], sampled[live], length[live]
-            token_ids = pack_ids(sampled)
-            logprobs = [entry for entry, keep in zip(logprobs, live, strict=False) if keep]
-        self.stats.generation_tokens += len(sampled)
-        req_ids = batch.req_ids[sampling]
-        by_eos = sampled == batch.eos_token_id[sampling]
-        ended = by_eos | (length >= batch.stop_len[sampling])
-        if batch.num_with_stop_ids:
-            for i in np.flatnonzero(batch.has_stop_ids[sampling]).tolist():
-                by_eos[i] |= int(sampled[i]) in self.requests[int(req_ids[i])].stop_token_ids
-            ended |= by_eos
-        for i in np.flatnonzero(ended).tolist():
-            self._finish_row(int(sampling[i]), "stop" if by_eos[i] else "length")
-        for req_id in self._pending_aborts:
-            self.abort(req_id)
-        self._pending_aborts = []
+            answered &= ~np.isin(record.slots, list(self._padding))
+        rows = np.flatnonzero(answered)
+        for i in np.flatnonzero(~live).tolist():
+            answered[i] = self._late_token(record, i, int(sampled[i]))
+        kept = np.flatnonzero(answered)
+        self.stats.generation_tokens += len(kept)
+        self._end_stopped(record.slots[rows], sampled[rows], record.index[rows] + 1)
         self._retire_padding()
         return EngineOutputs(
-            step=self.step,
-            req_ids=pack_ids(req_ids),
-            token_ids=token_ids,
+            step=result.step,
+            req_ids=pack_ids(record.req_ids[kept]),
+            token_ids=pack_ids(sampled[kept]),
             finished=self.take_finished(),
-            logprobs=logprobs,
+            logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
         )
+
+    def _end_stopped(self, slots: np.ndarray, sampled: np.ndarray, length: np.ndarray) -> None:
+        """End the rows whose new token is EOS or a stop token id, or reaches their length."""
+        batch = self.batch
+        by_eos = sampled == batch.eos_token_id[slots]
+        ended = by_eos | (length >= batch.stop_len[slots])
+        if batch.num_with_stop_ids:
+            for i in np.flatnonzero(batch.has_stop_ids[slots]).tolist():
+                request = batch.requests[int(slots[i])]
+                by_eos[i] |= int(sampled[i]) in request.stop_token_ids  # type: ignore[union-attr]
+            ended |= by_eos
+        for i in np.flatnonzero(ended).tolist():
+            self._finish_row(int(slots[i]), "stop" if by_eos[i] else "length")
+
+    def _late_token(self, record: StepInFlight, i: int, token: int) -> bool:
+        """A token for a row that left after its step was planned. It stands (and is answered)
+        only for a request preempted meanwhile and not yet back: it joins the tokens the
+        request resumes with, and may end it."""
+        req = self.requests.get(int(record.req_ids[i]))
+        if req is None or req.status is not Status.WAITING:
+            return False
+        if len(req.token_ids) != int(record.index[i]):
+            return False
+        req.token_ids = np.append(req.token_ids, np.int32(token))
+        if token == req.eos_token_id or token in req.stop_token_ids:
+            self._leave(req, "stop")
+        elif len(req.token_ids) >= req.stop_len:
+            self._leave(req, "length")
+        return True
 
     def _admit(self, budget: int, prefilling: bool) -> list[NewRequest]:
         new: list[NewRequest] = []
@@ -257,7 +264,7 @@ class Scheduler(RequestLifecycle):
             worst = int(rows[np.argmax(batch.rank[rows])])
             if head.rank(by_priority=True) >= batch.rank[worst]:
                 return
-            scheduled = split_budget(batch.num_tokens[rows] - batch.num_computed[rows], budget)
+            scheduled = split_budget(batch.wanted(rows), budget)
             room = budget - int(scheduled.sum())
             if room <= 0:
                 return

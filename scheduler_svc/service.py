@@ -16,6 +16,7 @@ import zmq
 from turnstile.scheduler_svc.executor_link import ExecutorLink
 from turnstile.scheduler_svc.gateway_link import LOCAL_ID_BITS, GatewayLink
 from turnstile.scheduler_svc.metrics import SchedulerMetrics
+from turnstile.scheduler_svc.plans_in_flight import PlansInFlight
 from turnstile.scheduler_svc.scheduler import Scheduler
 from turnstile.scheduler_svc.service_config import SchedulerServiceConfig
 from turnstile.shared.config import SchedulerConfig
@@ -57,7 +58,7 @@ class SchedulerService:
         )
         self.metrics = SchedulerMetrics()
         self.scheduler: Scheduler | None = None
-        self.in_flight: tuple[int, float] | None = None  # step number, send time
+        self.in_flight = PlansInFlight(config.scheduling)
         self.lost_since: float | None = None
         self.instance = secrets.randbits(62)
         self._last_status = 0.0
@@ -102,7 +103,7 @@ class SchedulerService:
             return
         log.error("%s: re-queueing %d running requests", why, len(self.scheduler.batch))
         self.link.peers.clear()
-        self.in_flight = None
+        self.in_flight.clear()
         self.lost_since = time.monotonic()
         self.scheduler.restart(self.scheduler.pool.num_blocks, failure=why)
         self._flush_finished()
@@ -117,14 +118,14 @@ class SchedulerService:
         now, limits = time.monotonic(), self.config.admission
         if limits.queue_timeout is not None and self.scheduler is not None:
             self.scheduler.expire_waiting(now, limits.queue_timeout)
-            if self.in_flight is None:
-                self._flush_finished()
+            self._flush_finished()
         if self._probe_at is not None and now >= self._probe_at:
             self._probe_at = None
             self._probe_executors()
             self._send_status()
-        if self.in_flight is not None and now - self.in_flight[1] > limits.step_timeout:
-            self._executor_lost(f"step {self.in_flight[0]} unanswered")
+        oldest = self.in_flight.oldest
+        if oldest is not None and now - oldest[1] > limits.step_timeout:
+            self._executor_lost(f"step {oldest[0]} unanswered")
         if self.lost_since is not None and now - self.lost_since > limits.executor_timeout:
             assert self.scheduler is not None
             error = f"no executor came back within {limits.executor_timeout:.0f} s"
@@ -150,7 +151,7 @@ class SchedulerService:
                 self.gateways.codec.count_malformed("a second AddRequest for a live request id")
             else:
                 self._add(slot, key, message)
-        if self.scheduler is not None and self.in_flight is None:
+        if self.scheduler is not None:
             self._flush_finished()
 
     def _add(self, slot: int, key: int, message: AddRequest) -> None:
@@ -223,22 +224,26 @@ class SchedulerService:
 
     def _maybe_step(self) -> None:
         scheduler = self.scheduler
-        if scheduler is None or not self.ready or self.in_flight is not None:
-            return
-        if not scheduler.wants_step(time.monotonic()):
-            return
-        started = time.perf_counter()
-        plan_bytes, unreachable = self.link.broadcast(scheduler.schedule())
-        self.metrics.step_seconds.observe(time.perf_counter() - started)
-        self.metrics.plan_bytes.observe(plan_bytes)
-        self.in_flight = (scheduler.step, time.perf_counter())
-        if unreachable is not None:
-            self._executor_lost(f"executor rank {unreachable} cannot take plans")
+        while (
+            scheduler is not None
+            and self.ready
+            and self.in_flight.has_room
+            and scheduler.wants_step(time.monotonic())
+        ):
+            started = time.perf_counter()
+            plan_bytes, unreachable = self.link.broadcast(scheduler.schedule())
+            self.metrics.step_seconds.observe(time.perf_counter() - started)
+            self.metrics.plan_bytes.observe(plan_bytes)
+            self.in_flight.sent(scheduler.step)
+            self.metrics.plans_in_flight.set(len(self.in_flight))
+            if unreachable is not None:
+                self._executor_lost(f"executor rank {unreachable} cannot take plans")
 
     def _finish_step(self, result: StepResult) -> None:
         scheduler = self.scheduler
-        if scheduler is None or self.in_flight is None or result.step != self.in_flight[0]:
-            log.warning("dropped a result for step %d, which is not in flight", result.step)
+        oldest = self.in_flight.oldest
+        if scheduler is None or oldest is None or result.step != oldest[0]:
+            log.warning("dropped a result for step %d, not the oldest in flight", result.step)
             return
         received = time.perf_counter()
         try:
@@ -248,8 +253,8 @@ class SchedulerService:
             self.link.codec.count_malformed(str(exc))
             self._executor_lost(f"step {result.step}'s result did not fit the step: {exc}")
             return
-        self.metrics.executor_seconds.observe(received - self.in_flight[1])
-        self.in_flight = None
+        self.metrics.executor_seconds.observe(self.in_flight.answered(received))
+        self.metrics.plans_in_flight.set(len(self.in_flight))
         self.metrics.step_seconds.observe(time.perf_counter() - received)
         self._send_outputs(outputs)
         self._maybe_step()
@@ -284,8 +289,7 @@ class SchedulerService:
                 log.warning("a gateway is gone; aborting its %d requests", len(orphans))
             for key in orphans:
                 scheduler.abort(key)
-            if self.in_flight is None:
-                self._flush_finished()
+            self._flush_finished()
         self.gateways.release(scheduler.requests if scheduler else ())
         if scheduler is not None:
             self.metrics.observe(scheduler)

@@ -67,6 +67,18 @@ class BatchTable:
             self._free_slots.extend(slots)
         return slots
 
+    # The plan's two implicit rules, applied alike by the scheduler and every executor.
+
+    def decode_block_rows(self, rows: np.ndarray) -> np.ndarray:
+        """In a steady decode step (every row computes one token), the rows that take a new
+        block: those whose computed tokens fill their blocks exactly."""
+        return rows[self.num_computed[rows] % self.block_size == 0]
+
+    def samples(self, rows: np.ndarray) -> np.ndarray:
+        """Which of `rows` sample a token once this step is computed: those whose every known
+        token is then computed."""
+        return self.num_computed[rows] == self.num_tokens[rows]
+
     def blocks_needed(self, rows: np.ndarray, scheduled: np.ndarray) -> np.ndarray:
         """Blocks each row must gain so its KV covers the tokens it computes this step."""
         return cdiv(self.num_computed[rows] + scheduled, self.block_size) - self.num_blocks[rows]

@@ -61,6 +61,11 @@ class SchedulingConfig:
     static_fill_timeout: float = setting(
         1.0, "static batching: open a batch once full or once its first request waited this long"
     )
+    async_scheduling: bool = setting(
+        True,
+        "plan the next step while the executor runs this one (stops it reveals take effect a "
+        "step later, unseen by clients); --no-async-scheduling: lockstep, as static batching",
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):

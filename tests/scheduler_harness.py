@@ -3,11 +3,12 @@ invariants of DESIGN.md §3 after any step."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import msgspec
 import numpy as np
 
+from turnstile.executor_svc.plan_applier import PlanApplier
 from turnstile.executor_svc.simulated_executor import SimulatedExecutor, scripted_tokens
 from turnstile.scheduler_svc.request import Status
 from turnstile.scheduler_svc.scheduler import Scheduler
@@ -43,8 +44,13 @@ def expected_output(seed: int, script_len: int, limit: int) -> tuple[list[int], 
 
 
 class Harness:
-    def __init__(self, config: SchedulerConfig, script_len: dict[int, int]) -> None:
+    """`ahead`: how many plans the scheduler sends before the oldest one's result is back
+    (0: lockstep; 1: async scheduling, as the service runs it)."""
+
+    def __init__(self, config: SchedulerConfig, script_len: dict[int, int], ahead: int = 0) -> None:
         self.config = config
+        self.ahead = ahead
+        self.sent: deque[BatchPlan] = deque()
         self.scheduler = Scheduler(config, eos_token_id=EOS, vocab_size=VOCAB)
         self.executor = SimulatedExecutor(
             config.max_num_seqs,
@@ -54,6 +60,8 @@ class Harness:
             EOS,
             script_len.__getitem__,
         )
+        # The executor's batch as the plans alone build it (its tokens lag: nothing samples).
+        self.planned = PlanApplier(config.max_num_seqs, config.max_model_len, config.block_size)
         self.tokens: dict[int, list[int]] = defaultdict(list)
         self.endings: dict[int, list[str]] = defaultdict(list)
         self.plans: list[BatchPlan] = []
@@ -80,11 +88,29 @@ class Harness:
         )
 
     def step(self) -> BatchPlan:
-        plan = _plan_decoder.decode(_encoder.encode(self.scheduler.schedule()))
-        self.plans.append(plan)
+        """Send plans until `ahead` wait behind the oldest, then run that one and take its
+        result back."""
+        while len(self.sent) <= self.ahead and (self.scheduler.has_work or not self.sent):
+            self.sent.append(self.send())
+        plan = self.sent.popleft()
         result = _result_decoder.decode(_encoder.encode(self.executor.execute(plan)))
         self._record(self.scheduler.update(result))
         return plan
+
+    def send(self) -> BatchPlan:
+        """A plan, as the executor decodes it; the plans' own mirror applies it."""
+        plan = _plan_decoder.decode(_encoder.encode(self.scheduler.schedule()))
+        self.plans.append(plan)
+        self.planned.apply(plan)
+        return plan
+
+    def replace_executor(self) -> None:
+        """A replacement executor registers: an empty batch, at the scheduler's next step."""
+        cfg, step = self.config, self.scheduler.step
+        for applier in (self.executor.applier, self.planned):
+            applier.__init__(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)  # type: ignore[misc]
+            applier.step = step
+        self.sent.clear()
 
     def abort(self, req_id: int) -> None:
         self.scheduler.abort(req_id)
@@ -93,7 +119,7 @@ class Harness:
 
     def run(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
-            if not self.scheduler.has_work:
+            if not self.scheduler.has_work and not self.sent:
                 return
             self.step()
             self.check_invariants()
@@ -105,6 +131,7 @@ class Harness:
             unpack_ids(outputs.token_ids).tolist(),
             strict=True,
         ):
+            assert req_id not in self.endings, f"a token for request {req_id} after its end"
             self.tokens[req_id].append(token)
         for ended in outputs.finished:
             self.endings[ended.req_id].append(ended.reason)
@@ -123,16 +150,24 @@ class Harness:
             assert pool.is_free(block) == (owners[block] == 0)
         assert pool.num_free + pool.num_used == pool.num_blocks
         assert pool.num_free == int((owners == 0).sum())
-        # The executor's view, rebuilt from plans alone, equals the scheduler's.
+        # The executor's view, rebuilt from plans alone, equals the scheduler's: rows, computed
+        # tokens and blocks as planned; the tokens the scheduler knows are the executor's, or
+        # the first of them while results are still on their way.
         # Rows that ended since the last plan leave the executor with the next plan.
-        mirror = self.executor.applier.batch
+        planned, executed = self.planned.batch, self.executor.applier.batch
         leaving = set(scheduler.rows_leaving_with_next_plan)
-        mirrored = [s for s in mirror.order.tolist() if int(mirror.req_ids[s]) not in leaving]
-        assert batch.req_ids[batch.order].tolist() == mirror.req_ids[mirrored].tolist()
+        mirrored = [s for s in planned.order.tolist() if int(planned.req_ids[s]) not in leaving]
+        assert batch.req_ids[batch.order].tolist() == planned.req_ids[mirrored].tolist()
         for slot, other in zip(batch.order.tolist(), mirrored, strict=True):
-            assert batch.num_computed[slot] == mirror.num_computed[other]
-            assert batch.known_tokens(slot).tolist() == mirror.known_tokens(other).tolist()
-            assert batch.blocks_of(slot).tolist() == mirror.blocks_of(other).tolist()
+            assert batch.num_computed[slot] == planned.num_computed[other]
+            assert batch.blocks_of(slot).tolist() == planned.blocks_of(other).tolist()
+            executed_slot = executed.slot_of.get(int(batch.req_ids[slot]))
+            if executed_slot is not None:
+                ours = batch.real_tokens(slot).tolist()
+                theirs = executed.known_tokens(executed_slot).tolist()
+                shorter = min(len(ours), len(theirs))
+                assert ours[:shorter] == theirs[:shorter]
+                assert self.sent or ours == theirs
         # Rows run live requests, or (static padded batching) ended ones computing as padding.
         rows = [batch.requests[slot] for slot in batch.order.tolist()]
         live = {req.req_id for req in rows if req is not None and req.status is Status.RUNNING}

@@ -22,9 +22,14 @@ pytestmark = pytest.mark.slow  # starts a stack or loads models
 PROMPTS = [f"Write a list of {n} fruits and their colors:" for n in range(3, 9)]
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    with launched_server("--num-blocks", "256", "--max-num-seqs", "8") as running:
+# Every fault, with the next plan sent ahead (the default) and in lockstep.
+MODES = {"async": [], "lockstep": ["--no-async-scheduling"]}
+
+
+@pytest.fixture(params=list(MODES))
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    flags = MODES[request.param]
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", *flags) as running:
         yield running
 
 
@@ -179,10 +184,12 @@ def test_a_restarted_gateway_gets_its_own_answers_and_its_predecessors_requests_
     assert answer["usage"]["completion_tokens"] == 16
 
 
-def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up() -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(mode: str) -> None:
     poison_token = 48_000  # in no prompt but the poison's
     env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(poison_token)}
-    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", env=env) as server:
+    flags = ["--num-blocks", "256", "--max-num-seqs", "8", *MODES[mode]]
+    with launched_server(*flags, env=env) as server:
         undisturbed = asyncio.run(run_with_fault(server.url, None))
 
         async def poison_beside_streams() -> tuple[list, int, dict]:

@@ -64,10 +64,13 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
                 tokens = query("turnstile:generation_tokens_total")
                 gateway_tokens = query("turnstile:gateway_generation_tokens_total")
                 executor_steps = query("turnstile:executor_forward_seconds_count")
+                # Async scheduling, seen: the executor's waits between plans, counted.
+                idle = query("turnstile:executor_idle_seconds_count")
+                ahead = query("turnstile:scheduler_plans_in_flight")
                 if (
                     up == {"gateway": "1", "scheduler": "1", "executor": "1"}
                     and tokens
-                    and (gateway_tokens and executor_steps)
+                    and (gateway_tokens and executor_steps and idle and ahead)
                 ):
                     break
             except OSError:
@@ -77,6 +80,7 @@ def test_a_real_prometheus_scrapes_every_service(service: Server, tmp_path: Path
         # The scheduler also counts tokens generated for clients that left before reading them.
         assert float(tokens[0]["value"][1]) >= float(gateway_tokens[0]["value"][1]) >= 7
         assert float(executor_steps[0]["value"][1]) > 0
+        assert float(idle[0]["value"][1]) >= float(executor_steps[0]["value"][1]) - 1
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=10)

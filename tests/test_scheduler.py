@@ -83,7 +83,7 @@ def test_chunked_prefill_stays_in_budget_and_never_starves_decodes() -> None:
     assert harness.endings == {1: ["stop"], 2: ["stop"], 3: ["stop"]}
 
 
-def test_abort_frees_blocks_at_once_and_mid_step_after_the_step() -> None:
+def test_abort_frees_blocks_at_once_even_mid_step_and_the_late_token_is_dropped() -> None:
     harness = Harness(config(), {1: 50, 2: 50})
     harness.add(1, list(range(3, 20)), max_tokens=50)
     harness.add(2, list(range(30, 40)), max_tokens=50)
@@ -92,13 +92,14 @@ def test_abort_frees_blocks_at_once_and_mid_step_after_the_step() -> None:
     harness.abort(1)
     assert harness.endings[1] == ["abort"]
     harness.check_invariants()
-    plan = harness.scheduler.schedule()
+    plan = harness.send()
     harness.scheduler.abort(2)  # the executor is computing request 2 right now
-    assert 2 in harness.scheduler.requests
-    result = harness.executor.execute(plan)
-    outputs = harness.scheduler.update(result)
-    assert [ended.reason for ended in outputs.finished] == ["abort"]
+    assert [ended.reason for ended in harness.scheduler.take_finished()] == ["abort"]
+    # Free at once: the next plan removes the row before any other row can be given them.
     assert harness.scheduler.pool.num_free == harness.scheduler.pool.num_blocks
+    assert harness.scheduler.rows_leaving_with_next_plan == [2]
+    outputs = harness.scheduler.update(harness.executor.execute(plan))
+    assert len(unpack_ids(outputs.token_ids)) == 0 and not outputs.finished
     assert not harness.scheduler.has_work
 
 

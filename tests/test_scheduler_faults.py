@@ -7,7 +7,6 @@ import msgspec
 import pytest
 from scheduler_harness import VOCAB, Harness, expected_output
 
-from turnstile.executor_svc.plan_applier import PlanApplier
 from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.protocol import AddRequest, FrameError, SamplingParams, StepResult, pack_ids
 from turnstile.shared.settings import build
@@ -54,7 +53,7 @@ def test_a_result_that_does_not_fit_its_step_changes_nothing() -> None:
     harness = Harness(config(), {1: 10, 2: 10})
     harness.add(1, [5, 6, 7], max_tokens=10)
     harness.add(2, [8, 9], max_tokens=10)
-    plan = harness.scheduler.schedule()
+    plan = harness.send()
     good = harness.executor.execute(plan)
     for bad in (
         StepResult(step=plan.step, sampled=pack_ids([5])),  # one id for two rows
@@ -70,20 +69,13 @@ def test_a_result_that_does_not_fit_its_step_changes_nothing() -> None:
     assert harness.tokens[1] == expected_output(1, 10, 10)[0]
 
 
-def fresh_executor(harness: Harness) -> None:
-    """A replacement executor registers: an empty batch, at the scheduler's next step."""
-    cfg = harness.config
-    harness.executor.applier = PlanApplier(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)
-    harness.executor.applier.step = harness.scheduler.step
-
-
 def crash_step(harness: Harness, why: str = "injected") -> None:
     """The step in flight kills its executor: the scheduler restarts on a fresh cache."""
-    harness.scheduler.schedule()
+    harness.scheduler.schedule()  # never computed: no mirror applies it
     harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure=why)
     for ended in harness.scheduler.take_finished():
         harness.endings[ended.req_id].append(ended.reason)
-    fresh_executor(harness)
+    harness.replace_executor()
 
 
 def test_a_request_that_kills_its_executor_twice_is_ended_and_the_others_finish() -> None:
@@ -120,7 +112,7 @@ def test_an_innocent_suspect_runs_on_and_a_restart_without_failure_blames_nobody
     crash_step(harness)  # both were computing their prompts: both suspects
     assert len(harness.scheduler.suspects) == 2
     harness.scheduler.restart(harness.scheduler.pool.num_blocks)  # a replacement registers
-    fresh_executor(harness)
+    harness.replace_executor()
     assert all(r.crashes == 1 for r in harness.scheduler.requests.values())
     harness.run()
     assert harness.endings == {1: ["stop"], 2: ["stop"]}
@@ -134,9 +126,24 @@ def test_aborts_are_honoured_waiting_suspect_and_mid_step() -> None:
     crash_step(harness)
     harness.abort(1)  # a suspect
     harness.scheduler.restart(harness.scheduler.pool.num_blocks)
-    fresh_executor(harness)
+    harness.replace_executor()
     harness.step()
     harness.abort(2)  # waiting or running
     harness.abort(3)
     assert harness.endings == {1: ["abort"], 2: ["abort"], 3: ["abort"]}
     assert not harness.scheduler.has_work and harness.scheduler.num_waiting == 0
+
+
+def test_a_failure_blames_the_rows_of_the_failed_step_not_those_planned_after_it() -> None:
+    harness = Harness(config(), {1: 30, 2: 30, 3: 30})
+    harness.add(1, [5, 6, 7], max_tokens=30)
+    harness.add(2, [8, 9], max_tokens=30)
+    for _ in range(3):
+        harness.step()
+    harness.send()  # the step that fails: 1 and 2 decode
+    harness.add(3, [10, 11, 12], max_tokens=30)
+    planned = harness.send()  # async: planned while that one runs; it never does
+    assert [new.req_id for new in planned.new] == [3]
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure="injected")
+    crashes = {r.req_id: r.crashes for r in harness.scheduler.requests.values()}
+    assert crashes == {1: 1, 2: 1, 3: 0}

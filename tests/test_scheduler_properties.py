@@ -32,6 +32,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         extra_budget=st.integers(0, 20),
         caching=st.booleans(),
         static=st.sampled_from([None, None, "padded", "compact"]),
+        ahead=st.sampled_from([0, 1]),
     )
     def configure(
         self,
@@ -42,6 +43,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         extra_budget: int,
         caching: bool,
         static: str | None,
+        ahead: int,
     ) -> None:
         self.config = build(
             SchedulerConfig,
@@ -54,7 +56,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             enable_prefix_caching=caching,
             static_batching=static,  # type: ignore[arg-type]
         )
-        self.harness = Harness(self.config, self.lengths)
+        self.harness = Harness(self.config, self.lengths, ahead)
 
     @rule(
         prefix=st.sampled_from([[], *PREFIXES]),
@@ -82,11 +84,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         except ValueError:
             self.refused.add(req_id)
 
-    @precondition(lambda self: self.harness.scheduler.has_work)
+    @precondition(lambda self: self.harness.scheduler.has_work or self.harness.sent)
     @rule(count=st.integers(1, 4))
     def step(self, count: int) -> None:
         for _ in range(count):
-            if self.harness.scheduler.has_work:
+            if self.harness.scheduler.has_work or self.harness.sent:
                 self.harness.step()
 
     @precondition(lambda self: self.harness.scheduler.requests)
@@ -124,10 +126,13 @@ SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_co
 test_scheduler_state_machine = SchedulerMachine.TestCase
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @given(seed=st.integers(0, 2**16))
 @settings(max_examples=25)
-def test_preemption_happens_under_pressure_and_outputs_stay_exact(policy: str, seed: int) -> None:
+def test_preemption_happens_under_pressure_and_outputs_stay_exact(
+    policy: str, ahead: int, seed: int
+) -> None:
     """The machine above can pass without preempting; this one always needs to."""
     lengths = {i: 12 + (seed + i) % 9 for i in range(6)}
     harness = Harness(
@@ -141,6 +146,7 @@ def test_preemption_happens_under_pressure_and_outputs_stay_exact(policy: str, s
             policy=policy,  # type: ignore[arg-type]
         ),
         lengths,
+        ahead,
     )
     for i in range(6):
         harness.add(i, [3 + (seed + i) % 50] * (5 + i % 3), max_tokens=30, priority=i % 3)

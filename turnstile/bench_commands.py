@@ -101,6 +101,21 @@ def compare(args: argparse.Namespace) -> None:
     print(json.dumps(results, indent=2))
 
 
+def overlap(args: argparse.Namespace) -> None:
+    import json
+
+    from turnstile.bench import overlap_bench
+
+    for step_ms in args.step_ms:
+        report = overlap_bench.simulated(step_ms, args.running, args.window, args.rounds)
+        print(json.dumps(report, indent=2))
+    if args.served:
+        report = overlap_bench.served(
+            args.num_prompts, args.input_len, args.output_len, args.rounds
+        )
+        print(json.dumps(report, indent=2))
+
+
 def serve_vs_hf(args: argparse.Namespace) -> None:
     import json
 
@@ -190,6 +205,20 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--hf-batch", type=int, default=16)
     command.add_argument("--seed", type=int, default=0)
     command.set_defaults(handler=serve_vs_hf)
+    command = bench.add_parser(
+        "overlap", help="async scheduling against lockstep: simulated steps, then served"
+    )
+    command.add_argument(
+        "--step-ms", type=float, nargs="*", default=[2.0, 10.0], help="none: served only"
+    )
+    command.add_argument("--running", type=int, default=256, help="requests decoding at once")
+    command.add_argument("--window", type=float, default=3.0, help="seconds counted per run")
+    command.add_argument("--rounds", type=int, default=3, help="each mode, alternated")
+    command.add_argument("--served", action="store_true", help="also the real stack, served")
+    command.add_argument("--num-prompts", type=int, default=64)
+    command.add_argument("--input-len", type=int, default=128)
+    command.add_argument("--output-len", type=int, default=128)
+    command.set_defaults(handler=overlap)
     command = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     command.add_argument("--new-tokens", type=int, default=64)
     command.set_defaults(handler=parity)

@@ -63,7 +63,7 @@ class _Driver:
             max_num_batched_tokens=max(SchedulingConfig().max_num_batched_tokens, load.running),
             max_model_len=max_len,
         )
-        self.scheduler = Scheduler(config, eos_token_id=EOS, vocab_size=VOCAB)
+        self.scheduler = Scheduler(config, eos_token_ids=(EOS,), vocab_size=VOCAB)
         self.lengths: dict[int, int] = {}
         self.executor = SimulatedExecutor(
             load.running, max_len, config.block_size, VOCAB, EOS, self._output_len

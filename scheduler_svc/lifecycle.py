@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from turnstile.scheduler_svc.admission import admission_for
 from turnstile.scheduler_svc.block_pool import BlockPool
 from turnstile.scheduler_svc.in_flight import StepInFlight
@@ -29,9 +31,14 @@ class SchedulerStats:
 
 
 class RequestLifecycle:
-    def __init__(self, config: SchedulerConfig, eos_token_id: int, vocab_size: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, eos_token_ids: tuple[int, ...], vocab_size: int
+    ) -> None:
         self.config = config
-        self.eos_token_id = eos_token_id
+        # Every id that ends generation (Llama 3.x has several: config.json's and
+        # generation_config.json's), for every request that does not ignore EOS.
+        self.eos_token_ids = np.array(eos_token_ids, dtype=np.int32)
+        self.eos_set = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self.by_priority = config.scheduling.policy == "priority"
         self.admission = admission_for(config)
@@ -73,9 +80,7 @@ class RequestLifecycle:
         cfg = self.config
         if msg.req_id in self.requests:
             raise ValueError(f"request id {msg.req_id} is already in use")
-        req = Request.from_message(
-            msg, self._arrivals, self.eos_token_id, cfg.max_model_len, self.vocab_size
-        )
+        req = Request.from_message(msg, self._arrivals, cfg.max_model_len, self.vocab_size)
         if not 0 < req.num_prompt_tokens < cfg.max_model_len:
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "

@@ -28,7 +28,7 @@ class Request:
     token_ids: np.ndarray
     num_prompt_tokens: int
     stop_len: int
-    eos_token_id: int
+    stops_at_eos: bool
     stop_token_ids: frozenset[int]
     priority: int
     arrival: int
@@ -42,7 +42,7 @@ class Request:
 
     @classmethod
     def from_message(
-        cls, msg: AddRequest, arrival: int, eos_token_id: int, max_model_len: int, vocab_size: int
+        cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int
     ) -> Request:
         """Raises ValueError, naming the field, for anything the executor could not run."""
         prompt = unpack_ids(msg.prompt_ids).copy()
@@ -52,7 +52,7 @@ class Request:
             token_ids=prompt,
             num_prompt_tokens=len(prompt),
             stop_len=min(len(prompt) + msg.max_tokens, max_model_len),
-            eos_token_id=-1 if msg.ignore_eos else eos_token_id,
+            stops_at_eos=not msg.ignore_eos,
             stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority,
             arrival=arrival,

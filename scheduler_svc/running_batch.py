@@ -15,7 +15,7 @@ class RunningBatch(BatchTable):
     def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
         super().__init__(capacity, max_model_len, block_size)
         self.stop_len = np.zeros(capacity, dtype=np.int64)
-        self.eos_token_id = np.full(capacity, -1, dtype=np.int32)
+        self.stops_at_eos = np.zeros(capacity, dtype=bool)
         self.has_stop_ids = np.zeros(capacity, dtype=bool)
         self.rank = np.zeros(capacity, dtype=np.int64)
         self.num_hashed = np.zeros(capacity, dtype=np.int64)
@@ -35,7 +35,7 @@ class RunningBatch(BatchTable):
             req.req_id, req.token_ids, req.num_prompt_tokens, num_computed, np.array(block_ids)
         )
         self.stop_len[slot] = req.stop_len
-        self.eos_token_id[slot] = req.eos_token_id
+        self.stops_at_eos[slot] = req.stops_at_eos
         self.has_stop_ids[slot] = bool(req.stop_token_ids)
         self.num_with_stop_ids += bool(req.stop_token_ids)
         self.rank[slot] = req.rank(by_priority)

@@ -155,7 +155,9 @@ class Scheduler(RequestLifecycle):
     def _end_stopped(self, slots: np.ndarray, sampled: np.ndarray, length: np.ndarray) -> None:
         """End the rows whose new token is EOS or a stop token id, or reaches their length."""
         batch = self.batch
-        by_eos = sampled == batch.eos_token_id[slots]
+        eos = self.eos_token_ids
+        by_eos = (sampled == eos[0]) if len(eos) == 1 else np.isin(sampled, eos)
+        by_eos &= batch.stops_at_eos[slots]
         ended = by_eos | (length >= batch.stop_len[slots])
         if batch.num_with_stop_ids:
             for i in np.flatnonzero(batch.has_stop_ids[slots]).tolist():
@@ -175,7 +177,7 @@ class Scheduler(RequestLifecycle):
         if len(req.token_ids) != int(record.index[i]):
             return False
         req.token_ids = np.append(req.token_ids, np.int32(token))
-        if token == req.eos_token_id or token in req.stop_token_ids:
+        if (req.stops_at_eos and token in self.eos_set) or token in req.stop_token_ids:
             self._leave(req, "stop")
         elif len(req.token_ids) >= req.stop_len:
             self._leave(req, "length")

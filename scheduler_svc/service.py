@@ -217,7 +217,7 @@ class SchedulerService:
                     ),
                     scheduling=self.config.scheduling,
                 ),
-                eos_token_id=self.model.eos_token_id,
+                eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,
             )
             self._send_status()

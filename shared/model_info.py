@@ -57,11 +57,16 @@ class ModelInfo:
     rope_theta: float
     rms_norm_eps: float
     bos_token_id: int
-    eos_token_id: int
+    eos_token_id: int  # the first of them: the chat template's `eos_token`
     tie_word_embeddings: bool
     attention_bias: bool
     chat_template: str | None
     rope_scaling: dict | None = None
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
+
+    @property
+    def all_eos_token_ids(self) -> tuple[int, ...]:
+        return self.eos_token_ids or (self.eos_token_id,)
 
 
 def cache_dir() -> Path:
@@ -151,6 +156,23 @@ def _from_gguf(path: Path) -> ModelInfo:
     )
 
 
+def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
+    """config.json's `eos_token_id` (an id or a list), then generation_config.json's, as
+    transformers' `generate` stops at any of them (Llama 3.x: <|end_of_text|>, <|eom_id|>,
+    <|eot_id|>)."""
+    ids: list[int] = []
+    sources = [config]
+    generation = path / "generation_config.json"
+    if generation.exists():
+        sources.append(json.loads(generation.read_text()))
+    for source in sources:
+        value = source.get("eos_token_id")
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return tuple(ids) or (2,)
+
+
 def _from_hf_directory(path: Path) -> ModelInfo:
     config = json.loads((path / "config.json").read_text())
     heads = config["num_attention_heads"]
@@ -158,7 +180,6 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     tokenizer_config = path / "tokenizer_config.json"
     if tokenizer_config.exists():
         template = json.loads(tokenizer_config.read_text()).get("chat_template")
-    eos = config.get("eos_token_id", 2)
     # transformers 5 writes theta and scaling together as `rope_parameters`; older
     # checkpoints have top-level `rope_theta` and `rope_scaling`.
     rope = config.get("rope_parameters") or {}
@@ -178,7 +199,8 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         rope_theta=float(rope_theta),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         bos_token_id=config.get("bos_token_id", 1),
-        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        eos_token_id=_eos_ids(path, config)[0],
+        eos_token_ids=_eos_ids(path, config),
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,

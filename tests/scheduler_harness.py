@@ -47,11 +47,17 @@ class Harness:
     """`ahead`: how many plans the scheduler sends before the oldest one's result is back
     (0: lockstep; 1: async scheduling, as the service runs it)."""
 
-    def __init__(self, config: SchedulerConfig, script_len: dict[int, int], ahead: int = 0) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        script_len: dict[int, int],
+        ahead: int = 0,
+        eos_token_ids: tuple[int, ...] = (EOS,),
+    ) -> None:
         self.config = config
         self.ahead = ahead
         self.sent: deque[BatchPlan] = deque()
-        self.scheduler = Scheduler(config, eos_token_id=EOS, vocab_size=VOCAB)
+        self.scheduler = Scheduler(config, eos_token_ids=eos_token_ids, vocab_size=VOCAB)
         self.executor = SimulatedExecutor(
             config.max_num_seqs,
             config.max_model_len,

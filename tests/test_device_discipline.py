@@ -48,7 +48,7 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
             SchedulerConfig, num_blocks=runner.num_blocks, block_size=16, max_num_seqs=8,
             max_num_batched_tokens=24, max_model_len=runner.max_model_len,
         ),
-        eos_token_id=runner.info.eos_token_id,
+        eos_token_ids=runner.info.all_eos_token_ids,
         vocab_size=runner.info.vocab_size,
     )  # fmt: skip
     runner.reset(1)

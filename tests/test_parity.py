@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from turnstile.bench import parity_bench
 from turnstile.executor_svc.runner_config import RunnerConfig
@@ -151,3 +152,17 @@ def test_other_llama_family_checkpoints_match_hf(family: str, tmp_path: Path) ->
     )
     results = engine.generate(requests(prompts, SamplingParams()))
     assert [r.token_ids for r in results] == expected
+    if family == "llama3":  # several EOS ids, as Llama 3.x has: generate stops at any of them
+        eos = [config.eos_token_id, expected[0][5], expected[2][9]]
+        transformers.GenerationConfig(eos_token_id=eos).save_pretrained(tmp_path)
+        with torch.inference_mode():
+            stopped = [
+                model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                               eos_token_id=eos, pad_token_id=0)[0, len(ids):].tolist()
+                for ids in prompts
+            ]  # fmt: skip
+        engine = OfflineEngine(build(RunnerConfig, model=str(tmp_path), dtype="float32"))
+        ending = [replace(r, ignore_eos=False) for r in requests(prompts, SamplingParams())]
+        ends = engine.generate(ending)
+        assert [r.token_ids for r in ends] == stopped
+        assert ends[0].finish_reason == ends[2].finish_reason == "stop"

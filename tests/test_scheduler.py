@@ -151,6 +151,19 @@ def test_stop_token_ids_max_tokens_and_context_end_requests() -> None:
     assert (len(harness.tokens[3]), harness.endings[3]) == (4, ["length"])
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_every_eos_id_of_the_model_ends_a_request_unless_it_ignores_eos(ahead: int) -> None:
+    """Llama 3.x ends at any of several ids (config.json's list, generation_config.json's)."""
+    other_eos = expected_output(1, 50, 50)[0][3]
+    harness = Harness(config(), {1: 50}, ahead, eos_token_ids=(EOS, other_eos))
+    harness.add(1, [5, 6, 7], max_tokens=40)
+    harness.add(2, [5, 6, 7], max_tokens=10, ignore_eos=True)
+    harness.scheduler.requests[2].sampling = SamplingParams(seed=1)  # request 1's script
+    harness.run()
+    assert (harness.tokens[1], harness.endings[1]) == (expected_output(1, 50, 50)[0][:4], ["stop"])
+    assert (len(harness.tokens[2]), harness.endings[2]) == (10, ["length"])
+
+
 def test_ignore_eos_runs_to_max_tokens() -> None:
     harness = Harness(config(), {1: 3})
     harness.add(1, [5, 6], max_tokens=7, ignore_eos=True)

@@ -33,7 +33,7 @@ class OfflineEngine:
                 max_model_len=self.runner.max_model_len,
                 scheduling=scheduling or SchedulingConfig(),
             ),
-            eos_token_id=self.runner.info.eos_token_id,
+            eos_token_ids=self.runner.info.all_eos_token_ids,
             vocab_size=self.runner.info.vocab_size,
         )
 

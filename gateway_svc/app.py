@@ -76,8 +76,10 @@ class Gateway:
         model_name: str,
         max_model_len: int,
         api_key: str | None = None,
+        sampling_defaults: dict[str, float] | None = None,
     ) -> None:
         self.engine = engine
+        self.sampling_defaults = sampling_defaults or {}
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -85,7 +87,7 @@ class Gateway:
         # Tokenizing off the event loop: a long prompt must not stall every other stream.
         self._tokenizing = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
 
-    def app(self, max_body_bytes: int = 4 * 2**20) -> web.Application:
+    def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(
             middlewares=[openai_errors, self._require_key], client_max_size=max_body_bytes
         )
@@ -151,7 +153,7 @@ class Gateway:
         prompt_ids = await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, prompt_of, request, self.tokenizer
         )
-        message = engine_request(request, prompt_ids, self.max_model_len)
+        message = engine_request(request, prompt_ids, self.max_model_len, self.sampling_defaults)
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         stream = self.engine.submit(message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from turnstile.shared.config import AddressConfig, EngineConfig
 from turnstile.shared.settings import nested, setting
@@ -18,6 +19,11 @@ class GatewayConfig:
     max_body_mb: float = setting(4.0, "largest request body accepted")
     request_timeout: float = setting(
         1800.0, "seconds after which a request still running ends with an error (HTTP 504)"
+    )
+    generation_config: Literal["auto", "none"] = setting(
+        "auto",
+        "auto: generation_config.json's temperature, top_p, top_k for requests that leave them "
+        "out (as vLLM); none: neutral (1, 1, off)",
     )
 
 

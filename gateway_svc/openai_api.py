@@ -54,9 +54,10 @@ Logprobs = Annotated[int, Meta(ge=0, le=20)]
 class _Sampling(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     model: str | None = None
     max_tokens: TokenCount | None = None
-    temperature: Annotated[float, Meta(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] = 0
+    # Unset: the model's generation_config.json default (--generation-config auto), else neutral.
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] = []
@@ -173,10 +174,23 @@ def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | Non
     return request.logprobs
 
 
+NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
 def engine_request(
-    request: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_model_len: int
+    request: CompletionRequest | ChatCompletionRequest,
+    prompt_ids: list[int],
+    max_model_len: int,
+    sampling_defaults: dict[str, float] | None = None,
 ) -> AddRequest:
-    """The scheduler's view of a request; refuses one that cannot fit the context."""
+    """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
+    fields it leaves out take `sampling_defaults` (the model's), else neutral values."""
+    defaults = {**NEUTRAL_SAMPLING, **(sampling_defaults or {})}
+
+    def sampling(name: str) -> float:
+        value = getattr(request, name)
+        return defaults[name] if value is None else value
+
     asked = request.max_tokens
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
         asked = request.max_completion_tokens
@@ -198,9 +212,9 @@ def engine_request(
         prompt_ids=pack_ids(prompt_ids),
         max_tokens=asked if asked is not None else room,
         sampling=SamplingParams(
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=max(request.top_k, 0),
+            temperature=sampling("temperature"),
+            top_p=sampling("top_p"),
+            top_k=max(int(sampling("top_k")), 0),
             seed=request.seed,
             logprobs=logprobs_of(request),
         ),

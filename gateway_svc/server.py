@@ -32,6 +32,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         served_name(model),
         min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
         settings.api_key,
+        info.sampling_defaults if settings.generation_config == "auto" else None,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -63,6 +63,8 @@ class ModelInfo:
     chat_template: str | None
     rope_scaling: dict | None = None
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
+    # generation_config.json's temperature, top_p, top_k: defaults for requests that omit them
+    sampling_defaults: dict[str, float] | None = None
 
     @property
     def all_eos_token_ids(self) -> tuple[int, ...]:
@@ -156,16 +158,17 @@ def _from_gguf(path: Path) -> ModelInfo:
     )
 
 
+def _generation_config(path: Path) -> dict:
+    generation = path / "generation_config.json"
+    return json.loads(generation.read_text()) if generation.exists() else {}
+
+
 def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
     """config.json's `eos_token_id` (an id or a list), then generation_config.json's, as
     transformers' `generate` stops at any of them (Llama 3.x: <|end_of_text|>, <|eom_id|>,
     <|eot_id|>)."""
     ids: list[int] = []
-    sources = [config]
-    generation = path / "generation_config.json"
-    if generation.exists():
-        sources.append(json.loads(generation.read_text()))
-    for source in sources:
+    for source in (config, _generation_config(path)):
         value = source.get("eos_token_id")
         for token in value if isinstance(value, list) else [value]:
             if token is not None and int(token) not in ids:
@@ -201,6 +204,12 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         bos_token_id=config.get("bos_token_id", 1),
         eos_token_id=_eos_ids(path, config)[0],
         eos_token_ids=_eos_ids(path, config),
+        sampling_defaults={
+            name: value
+            for name, value in _generation_config(path).items()
+            if name in ("temperature", "top_p", "top_k")
+        }
+        or None,
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,

@@ -38,8 +38,10 @@ def generate_file(
         kind = ChatCompletionRequest if "messages" in record else CompletionRequest
         try:
             request = parse(line.encode(), kind)
+            prompt_ids = prompt_of(request, tokenizer)
+            info = engine.runner.info  # its generation_config.json defaults, as served (auto)
             message = engine_request(
-                request, prompt_of(request, tokenizer), engine.runner.max_model_len
+                request, prompt_ids, engine.runner.max_model_len, info.sampling_defaults
             )
         except ApiError as exc:
             record.update(token_ids=[], text="", finish_reason="error", error=exc.message)

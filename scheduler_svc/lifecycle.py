@@ -1,6 +1,6 @@
 """A request's life in the scheduler: it enters (or is refused), waits, runs, is preempted
 and resumes, and ends exactly once (finished, aborted, expired or failed), its blocks freed.
-`Scheduler` (scheduler.py) adds what each step computes."""
+`Scheduler` (scheduler.py) holds one and plans each step over it."""
 
 from __future__ import annotations
 
@@ -53,14 +53,13 @@ class RequestLifecycle:
         self.suspects = FcfsQueue()
         self.requests: dict[int, Request] = {}
         self.stats = SchedulerStats()
-        self.step = 0
         self._arrivals = 0
         self.in_flight: deque[StepInFlight] = deque()  # planned, oldest first, not answered
         self._removed: list[int] = []
         self._finished: list[Finished] = []
         # Static "padded" batching: rows whose request has ended but which compute on, their
         # tokens discarded, until the last live row of their batch is done.
-        self._padding: set[int] = set()
+        self.padding: set[int] = set()
 
     @property
     def has_work(self) -> bool:
@@ -103,8 +102,8 @@ class RequestLifecycle:
         req = self.requests.get(req_id)
         if req is None:
             return
-        self._leave(req, "abort")
-        self._retire_padding()
+        self.leave(req, "abort")
+        self.retire_padding()
 
     def restart(self, num_blocks: int, failure: str = "") -> None:
         """The executors' KV cache is gone (an executor died or was replaced): every running
@@ -121,7 +120,7 @@ class RequestLifecycle:
         released = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
         running = [req for req in released if req.status is Status.RUNNING]
         self.stats.num_preemptions += len(running)
-        self._padding = set()
+        self.padding = set()
         self.pool = BlockPool(
             num_blocks, self.config.block_size, self.config.scheduling.enable_prefix_caching
         )
@@ -139,7 +138,7 @@ class RequestLifecycle:
     def fail_all(self, error: str) -> None:
         """End every live request as "unavailable" (after `restart`, none is running)."""
         for req in list(self.requests.values()):
-            self._leave(req, "unavailable", error)
+            self.leave(req, "unavailable", error)
 
     def expire_waiting(self, now: float, max_wait: float) -> None:
         """End, as "overloaded", requests that have waited more than `max_wait` without ever
@@ -147,15 +146,20 @@ class RequestLifecycle:
         for req in list(self.requests.values()):
             stale = now - req.arrived_at > max_wait
             if stale and req.status is Status.WAITING and req.num_preemptions == 0:
-                self._leave(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
+                self.leave(req, "overloaded", f"waited more than {max_wait:g} s in the queue")
+
+    def take_removed(self) -> list[int]:
+        """Rows that left since the last plan, for the next one to remove."""
+        removed, self._removed = self._removed, []
+        return removed
 
     def take_finished(self) -> list[Finished]:
         """Endings that happened outside a step (aborts), for the caller to report."""
         finished, self._finished = self._finished, []
         return finished
 
-    def _preempt(self, slot: int) -> None:
-        if slot in self._padding:
+    def preempt(self, slot: int) -> None:
+        if slot in self.padding:
             self._drop_row(slot, keep_tokens=False)
             return
         req = self._drop_row(slot, keep_tokens=True)
@@ -177,9 +181,9 @@ class RequestLifecycle:
             req.crashes += 1
             if req.crashes >= 2:
                 error = f"its executor failed twice while computing it; last: {failure}"
-                self._leave(req, "failed", error)
+                self.leave(req, "failed", error)
 
-    def _leave(self, req: Request, reason: str, error: str = "") -> None:
+    def leave(self, req: Request, reason: str, error: str = "") -> None:
         """End a live request wherever it is: its row dropped, or out of its queue."""
         if req.status is Status.RUNNING:
             self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
@@ -193,24 +197,24 @@ class RequestLifecycle:
         req, blocks = self.batch.release(slot, keep_tokens)
         self.pool.release(blocks)
         self._removed.append(req.req_id)
-        self._padding.discard(slot)
+        self.padding.discard(slot)
         return req
 
-    def _finish_row(self, slot: int, reason: str) -> None:
+    def finish_row(self, slot: int, reason: str) -> None:
         if self.admission.pads_finished_rows:
             self._end(self.batch.requests[slot], reason)  # type: ignore[arg-type]
-            self._padding.add(slot)
+            self.padding.add(slot)
             self.batch.stop_len[slot] = self.config.max_model_len  # it computes on
         else:
             self._end(self._drop_row(slot, keep_tokens=False), reason)
 
-    def _retire_padding(self) -> None:
+    def retire_padding(self) -> None:
         """Padding rows leave together once no live row is left in their batch, or one by one
         at the model's context limit."""
-        if not self._padding:
+        if not self.padding:
             return
-        batch_done = len(self._padding) == len(self.batch)
-        for slot in list(self._padding):
+        batch_done = len(self.padding) == len(self.batch)
+        for slot in list(self.padding):
             if batch_done or self.batch.num_tokens[slot] >= self.config.max_model_len - 1:
                 self._drop_row(slot, keep_tokens=False)
 

@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from turnstile.scheduler_svc.block_pool import BlockPool
 from turnstile.scheduler_svc.in_flight import StepInFlight
-from turnstile.scheduler_svc.lifecycle import RequestLifecycle
-from turnstile.scheduler_svc.request import Status
+from turnstile.scheduler_svc.lifecycle import RequestLifecycle, SchedulerStats
+from turnstile.scheduler_svc.request import Request
+from turnstile.scheduler_svc.running_batch import RunningBatch
+from turnstile.scheduler_svc.step_result import take_result
 from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
 from turnstile.shared.batch_table import cdiv
+from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.protocol import (
+    AddRequest,
     BatchPlan,
     EngineOutputs,
-    FrameError,
+    Finished,
     NewRequest,
     StepResult,
     pack_ids,
-    unpack_ids,
 )
 
 
@@ -42,19 +46,81 @@ def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
     return scheduled
 
 
-class Scheduler(RequestLifecycle):
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, eos_token_ids: tuple[int, ...], vocab_size: int
+    ) -> None:
+        self.config = config
+        self.lifecycle = RequestLifecycle(config, eos_token_ids, vocab_size)
+        self.step = 0  # the latest planned
+
+    # The requests' side, as the service, the offline engine and the tests use it.
+    def add_request(self, msg: AddRequest, now: float = 0.0) -> None:
+        self.lifecycle.add_request(msg, now)
+
+    def abort(self, req_id: int) -> None:
+        self.lifecycle.abort(req_id)
+
+    def restart(self, num_blocks: int, failure: str = "") -> None:
+        self.lifecycle.restart(num_blocks, failure)
+
+    def fail_all(self, error: str) -> None:
+        self.lifecycle.fail_all(error)
+
+    def expire_waiting(self, now: float, max_wait: float) -> None:
+        self.lifecycle.expire_waiting(now, max_wait)
+
+    def take_finished(self) -> list[Finished]:
+        return self.lifecycle.take_finished()
+
+    @property
+    def requests(self) -> dict[int, Request]:
+        return self.lifecycle.requests
+
+    @property
+    def batch(self) -> RunningBatch:
+        return self.lifecycle.batch
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.lifecycle.pool
+
+    @property
+    def waiting(self) -> FcfsQueue | PriorityQueue:
+        return self.lifecycle.waiting
+
+    @property
+    def suspects(self) -> FcfsQueue:
+        return self.lifecycle.suspects
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.lifecycle.stats
+
+    @property
+    def has_work(self) -> bool:
+        return self.lifecycle.has_work
+
+    @property
+    def num_waiting(self) -> int:
+        return self.lifecycle.num_waiting
+
+    @property
+    def rows_leaving_with_next_plan(self) -> list[int]:
+        return self.lifecycle.rows_leaving_with_next_plan
+
     def wants_step(self, now: float) -> bool:
         """Whether to step now: there is work, and the admission policy does not wait."""
         if not self.has_work:
             return False
         first = self.waiting.peek()
         waited = None if first is None else now - first.arrived_at
-        return self.admission.wants_step(len(self.batch), self.num_waiting, waited)
+        return self.lifecycle.admission.wants_step(len(self.batch), self.num_waiting, waited)
 
     def schedule(self) -> BatchPlan:
         self.step += 1
         budget = self.config.scheduling.max_num_batched_tokens
-        if self.by_priority:
+        if self.lifecycle.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order
         steady = bool((self.batch.wanted(rows) == 1).all())
@@ -69,21 +135,20 @@ class Scheduler(RequestLifecycle):
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
-        closed = preempted or not self.admission.is_open(len(rows))
+        closed = preempted or not self.lifecycle.admission.is_open(len(rows))
         prefilling = bool(len(overridden)) and bool((scheduled[overridden] > 0).any())
         new = [] if closed else self._admit(budget, prefilling)
         plan = BatchPlan(
             step=self.step,
-            removed=pack_ids(self._removed),
+            removed=pack_ids(self.lifecycle.take_removed()),
             new=new,
             override_ids=pack_ids(self.batch.req_ids[rows[overridden]]),
             override_counts=pack_ids(scheduled[overridden]),
             new_block_ids=pack_ids(new_block_ids),
         )
-        self._removed = []
         admitted = [self.batch.slot_of[n.req_id] for n in new]
         prefilled = np.concatenate([rows[overridden], np.array(admitted, dtype=np.int64)])
-        self.in_flight.append(StepInFlight.record(self.step, self.batch, prefilled))
+        self.lifecycle.in_flight.append(StepInFlight.record(self.step, self.batch, prefilled))
         return plan
 
     def _schedule_decodes(self, rows: np.ndarray) -> np.ndarray | None:
@@ -117,71 +182,7 @@ class Scheduler(RequestLifecycle):
 
     def update(self, result: StepResult) -> EngineOutputs:
         """Raises FrameError, changing nothing, for a result that does not fit the step."""
-        record = self.in_flight[0] if self.in_flight else None
-        if record is None or result.step != record.step:
-            raise FrameError(f"result for step {result.step}; step {self.step} is the latest sent")
-        sampled = unpack_ids(result.sampled)
-        if len(sampled) != len(record.slots):
-            raise FrameError(f"{len(sampled)} sampled ids for {len(record.slots)} sampling rows")
-        if len(sampled) and not (sampled.min() >= 0 and sampled.max() < self.vocab_size):
-            raise FrameError(f"sampled ids outside the vocabulary [0, {self.vocab_size})")
-        if result.logprobs and len(result.logprobs) != len(sampled):
-            raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
-        self.in_flight.popleft()
-        batch = self.batch
-        live = record.live(batch)
-        batch.fill_places(record.slots[live], record.index[live], sampled[live])
-        if self.pool.enable_caching:
-            for slot in record.still_prefilled(batch):
-                self.prefix_cache.publish(slot)
-        answered = live.copy()
-        if self._padding:  # padding rows' tokens are computed, never answered
-            answered &= ~np.isin(record.slots, list(self._padding))
-        rows = np.flatnonzero(answered)
-        for i in np.flatnonzero(~live).tolist():
-            answered[i] = self._late_token(record, i, int(sampled[i]))
-        kept = np.flatnonzero(answered)
-        self.stats.generation_tokens += len(kept)
-        self._end_stopped(record.slots[rows], sampled[rows], record.index[rows] + 1)
-        self._retire_padding()
-        return EngineOutputs(
-            step=result.step,
-            req_ids=pack_ids(record.req_ids[kept]),
-            token_ids=pack_ids(sampled[kept]),
-            finished=self.take_finished(),
-            logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
-        )
-
-    def _end_stopped(self, slots: np.ndarray, sampled: np.ndarray, length: np.ndarray) -> None:
-        """End the rows whose new token is EOS or a stop token id, or reaches their length."""
-        batch = self.batch
-        eos = self.eos_token_ids
-        by_eos = (sampled == eos[0]) if len(eos) == 1 else np.isin(sampled, eos)
-        by_eos &= batch.stops_at_eos[slots]
-        ended = by_eos | (length >= batch.stop_len[slots])
-        if batch.num_with_stop_ids:
-            for i in np.flatnonzero(batch.has_stop_ids[slots]).tolist():
-                request = batch.requests[int(slots[i])]
-                by_eos[i] |= int(sampled[i]) in request.stop_token_ids  # type: ignore[union-attr]
-            ended |= by_eos
-        for i in np.flatnonzero(ended).tolist():
-            self._finish_row(int(slots[i]), "stop" if by_eos[i] else "length")
-
-    def _late_token(self, record: StepInFlight, i: int, token: int) -> bool:
-        """A token for a row that left after its step was planned. It stands (and is answered)
-        only for a request preempted meanwhile and not yet back: it joins the tokens the
-        request resumes with, and may end it."""
-        req = self.requests.get(int(record.req_ids[i]))
-        if req is None or req.status is not Status.WAITING:
-            return False
-        if len(req.token_ids) != int(record.index[i]):
-            return False
-        req.token_ids = np.append(req.token_ids, np.int32(token))
-        if (req.stops_at_eos and token in self.eos_set) or token in req.stop_token_ids:
-            self._leave(req, "stop")
-        elif len(req.token_ids) >= req.stop_len:
-            self._leave(req, "length")
-        return True
+        return take_result(self.lifecycle, result, self.step)
 
     def _admit(self, budget: int, prefilling: bool) -> list[NewRequest]:
         new: list[NewRequest] = []
@@ -191,7 +192,7 @@ class Scheduler(RequestLifecycle):
             req = queue.peek()
             if req is None:
                 break
-            cached = self.prefix_cache.lookup(req)
+            cached = self.lifecycle.prefix_cache.lookup(req)
             num_cached = len(cached) * block_size
             count = min(len(req.token_ids) - num_cached, budget)
             need = cdiv(num_cached + count, block_size) - len(cached)
@@ -201,7 +202,7 @@ class Scheduler(RequestLifecycle):
             queue.pop()
             self.pool.share(cached)
             blocks = cached + self.pool.allocate(need).tolist()
-            slot = self.batch.admit(req, blocks, num_cached, self.by_priority)
+            slot = self.batch.admit(req, blocks, num_cached, self.lifecycle.by_priority)
             self.batch.last_hash[slot] = req.block_hashes[len(cached) - 1] if cached else 0
             self.batch.num_computed[slot] += count
             self.stats.prefix_cache_queries += len(req.token_ids)
@@ -245,10 +246,10 @@ class Scheduler(RequestLifecycle):
             count = int(need[position])
             while count > self.pool.num_free and pending[-1] != position:
                 dropped.append(pending.pop())
-                self._preempt(int(rows[dropped[-1]]))
+                self.lifecycle.preempt(int(rows[dropped[-1]]))
             if count > self.pool.num_free:
                 dropped.append(pending.pop())
-                self._preempt(int(rows[position]))
+                self.lifecycle.preempt(int(rows[position]))
                 break
             granted[position] = self.pool.allocate(count)
             served += 1
@@ -276,4 +277,4 @@ class Scheduler(RequestLifecycle):
                 self.pool.num_free - running_need >= head_need
             ):
                 return
-            self._preempt(worst)
+            self.lifecycle.preempt(worst)

@@ -1,0 +1,87 @@
+"""A step's result: its tokens into the places held for them, the requests they end, and the
+outputs for the gateways. A token of a row that left after its step was planned is dropped,
+unless its request was preempted meanwhile (async scheduling): then it joins the tokens the
+request resumes with."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from turnstile.scheduler_svc.in_flight import StepInFlight
+from turnstile.scheduler_svc.lifecycle import RequestLifecycle
+from turnstile.scheduler_svc.request import Status
+from turnstile.shared.protocol import EngineOutputs, FrameError, StepResult, pack_ids, unpack_ids
+
+
+def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) -> EngineOutputs:
+    """The oldest step in flight is answered. Raises FrameError, changing nothing, for a
+    result that does not fit it."""
+    record = lifecycle.in_flight[0] if lifecycle.in_flight else None
+    if record is None or result.step != record.step:
+        raise FrameError(f"result for step {result.step}; step {latest} is the latest sent")
+    sampled = unpack_ids(result.sampled)
+    if len(sampled) != len(record.slots):
+        raise FrameError(f"{len(sampled)} sampled ids for {len(record.slots)} sampling rows")
+    if len(sampled) and not (sampled.min() >= 0 and sampled.max() < lifecycle.vocab_size):
+        raise FrameError(f"sampled ids outside the vocabulary [0, {lifecycle.vocab_size})")
+    if result.logprobs and len(result.logprobs) != len(sampled):
+        raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
+    lifecycle.in_flight.popleft()
+    batch = lifecycle.batch
+    live = record.live(batch)
+    batch.fill_places(record.slots[live], record.index[live], sampled[live])
+    if lifecycle.pool.enable_caching:
+        for slot in record.still_prefilled(batch):
+            lifecycle.prefix_cache.publish(slot)
+    answered = live.copy()
+    if lifecycle.padding:  # padding rows' tokens are computed, never answered
+        answered &= ~np.isin(record.slots, list(lifecycle.padding))
+    rows = np.flatnonzero(answered)
+    for i in np.flatnonzero(~live).tolist():
+        answered[i] = _late_token(lifecycle, record, i, int(sampled[i]))
+    kept = np.flatnonzero(answered)
+    lifecycle.stats.generation_tokens += len(kept)
+    _end_stopped(lifecycle, record.slots[rows], sampled[rows], record.index[rows] + 1)
+    lifecycle.retire_padding()
+    return EngineOutputs(
+        step=result.step,
+        req_ids=pack_ids(record.req_ids[kept]),
+        token_ids=pack_ids(sampled[kept]),
+        finished=lifecycle.take_finished(),
+        logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
+    )
+
+
+def _end_stopped(
+    lifecycle: RequestLifecycle, slots: np.ndarray, sampled: np.ndarray, length: np.ndarray
+) -> None:
+    """End the rows whose new token is EOS or a stop token id, or reaches their length."""
+    batch = lifecycle.batch
+    eos = lifecycle.eos_token_ids
+    by_eos = (sampled == eos[0]) if len(eos) == 1 else np.isin(sampled, eos)
+    by_eos &= batch.stops_at_eos[slots]
+    ended = by_eos | (length >= batch.stop_len[slots])
+    if batch.num_with_stop_ids:
+        for i in np.flatnonzero(batch.has_stop_ids[slots]).tolist():
+            request = batch.requests[int(slots[i])]
+            by_eos[i] |= int(sampled[i]) in request.stop_token_ids  # type: ignore[union-attr]
+        ended |= by_eos
+    for i in np.flatnonzero(ended).tolist():
+        lifecycle.finish_row(int(slots[i]), "stop" if by_eos[i] else "length")
+
+
+def _late_token(lifecycle: RequestLifecycle, record: StepInFlight, i: int, token: int) -> bool:
+    """A token for a row that left after its step was planned. It stands (and is answered)
+    only for a request preempted meanwhile and not yet back: it joins the tokens the
+    request resumes with, and may end it."""
+    req = lifecycle.requests.get(int(record.req_ids[i]))
+    if req is None or req.status is not Status.WAITING:
+        return False
+    if len(req.token_ids) != int(record.index[i]):
+        return False
+    req.token_ids = np.append(req.token_ids, np.int32(token))
+    if (req.stops_at_eos and token in lifecycle.eos_set) or token in req.stop_token_ids:
+        lifecycle.leave(req, "stop")
+    elif len(req.token_ids) >= req.stop_len:
+        lifecycle.leave(req, "length")
+    return True

@@ -13,7 +13,7 @@ import numpy as np
 from turnstile.scheduler_svc.running_batch import RunningBatch
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: one is made every step, and frozen init is slower
 class StepInFlight:
     step: int
     slots: np.ndarray  # the rows that sample a token, in row order (the executor's order)
@@ -24,23 +24,35 @@ class StepInFlight:
     prefilled_admissions: np.ndarray
     rows: np.ndarray  # every row of the step: the ones a failure of it is blamed on
     row_admissions: np.ndarray
+    steady_next: bool  # every row then wants exactly one token: the next step is steady decode
 
     @classmethod
-    def record(cls, step: int, batch: RunningBatch, prefilled: np.ndarray) -> StepInFlight:
-        """Planned: the rows whose every known token is now computed sample one more, and a
-        placeholder holds its place."""
+    def record(
+        cls, step: int, batch: RunningBatch, prefilled: np.ndarray, all_sample: bool
+    ) -> StepInFlight:
+        """Planned: the rows whose every known token is now computed (`all_sample`: every
+        row, a steady decode step's) sample one more, and a placeholder holds its place."""
         order = batch.order
-        sampling = order[batch.samples(order)]
+        admissions = batch.admission[order]
+        if all_sample:
+            sampling, sampling_admissions = order, admissions
+        else:
+            chosen = batch.samples(order)
+            sampling, sampling_admissions = order[chosen], admissions[chosen]
+        index = batch.hold_places(sampling)
+        # A row whose placeholder is its last token computes nothing more (`wanted`).
+        capped = bool((index + 1 >= batch.stop_len[sampling]).any())
         return cls(
             step=step,
             slots=sampling,
-            admissions=batch.admission[sampling],
+            admissions=sampling_admissions,
             req_ids=batch.req_ids[sampling],
-            index=batch.hold_places(sampling),
+            index=index,
             prefilled=prefilled,
-            prefilled_admissions=batch.admission[prefilled],
+            prefilled_admissions=batch.admission[prefilled] if len(prefilled) else prefilled,
             rows=order,
-            row_admissions=batch.admission[order],
+            row_admissions=admissions,
+            steady_next=len(sampling) == len(order) and not capped,
         )
 
     def live(self, batch: RunningBatch) -> np.ndarray:

@@ -10,6 +10,8 @@ import numpy as np
 from turnstile.scheduler_svc.request import Request, Status
 from turnstile.shared.batch_table import BatchTable
 
+PLACEHOLDER = -1  # a sampled token not back yet; token ids are never negative
+
 
 class RunningBatch(BatchTable):
     def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
@@ -20,7 +22,6 @@ class RunningBatch(BatchTable):
         self.rank = np.zeros(capacity, dtype=np.int64)
         self.num_hashed = np.zeros(capacity, dtype=np.int64)
         self.last_hash = np.zeros(capacity, dtype=np.uint64)
-        self.num_pending = np.zeros(capacity, dtype=np.int64)  # placeholders at the end
         # Which admission holds the slot: a late result for a row that has left (and whose
         # slot another request took) is told apart by it.
         self.admission = np.full(capacity, -1, dtype=np.int64)
@@ -40,7 +41,6 @@ class RunningBatch(BatchTable):
         self.num_with_stop_ids += bool(req.stop_token_ids)
         self.rank[slot] = req.rank(by_priority)
         self.num_hashed[slot] = num_computed // self.block_size
-        self.num_pending[slot] = 0
         self.admission[slot] = self._admissions
         self._admissions += 1
         self.requests[slot] = req
@@ -62,8 +62,11 @@ class RunningBatch(BatchTable):
         return req, blocks
 
     def real_tokens(self, slot: int) -> np.ndarray:
-        """The row's tokens without the placeholders of steps still in flight."""
-        return self.tokens[slot, : self.num_tokens[slot] - self.num_pending[slot]]
+        """The row's tokens without the placeholders of steps still in flight (at its end)."""
+        end = int(self.num_tokens[slot])
+        while end > self.num_prompt[slot] and self.tokens[slot, end - 1] == PLACEHOLDER:
+            end -= 1
+        return self.tokens[slot, :end]
 
     def wanted(self, rows: np.ndarray) -> np.ndarray:
         """Tokens each row has yet to compute; a row that reached its length computes no more
@@ -74,9 +77,8 @@ class RunningBatch(BatchTable):
         """A placeholder for the token each of `rows` samples this step; returns its index."""
         index = self.num_tokens[rows]
         self.num_tokens[rows] = index + 1
-        self.num_pending[rows] += 1
+        self.tokens[rows, index] = PLACEHOLDER
         return index
 
     def fill_places(self, rows: np.ndarray, index: np.ndarray, tokens: np.ndarray) -> None:
         self.tokens[rows, index] = tokens
-        self.num_pending[rows] -= 1

@@ -53,6 +53,7 @@ class Scheduler:
         self.config = config
         self.lifecycle = RequestLifecycle(config, eos_token_ids, vocab_size)
         self.step = 0  # the latest planned
+        self._steady = True  # as the last plan left the rows: each wants exactly one token
 
     # The requests' side, as the service, the offline engine and the tests use it.
     def add_request(self, msg: AddRequest, now: float = 0.0) -> None:
@@ -123,7 +124,7 @@ class Scheduler:
         if self.lifecycle.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order
-        steady = bool((self.batch.wanted(rows) == 1).all())
+        steady = self._steady
         new_block_ids = self._schedule_decodes(rows) if steady else None
         if new_block_ids is not None:
             overridden = np.empty(0, dtype=np.int64)
@@ -146,9 +147,14 @@ class Scheduler:
             override_counts=pack_ids(scheduled[overridden]),
             new_block_ids=pack_ids(new_block_ids),
         )
-        admitted = [self.batch.slot_of[n.req_id] for n in new]
-        prefilled = np.concatenate([rows[overridden], np.array(admitted, dtype=np.int64)])
-        self.lifecycle.in_flight.append(StepInFlight.record(self.step, self.batch, prefilled))
+        prefilled = rows[overridden]
+        if new:
+            admitted = np.array([self.batch.slot_of[n.req_id] for n in new], dtype=np.int64)
+            prefilled = np.concatenate([prefilled, admitted])
+        all_sample = steady and not new  # every row computed its one missing token
+        record = StepInFlight.record(self.step, self.batch, prefilled, all_sample)
+        self.lifecycle.in_flight.append(record)
+        self._steady = record.steady_next
         return plan
 
     def _schedule_decodes(self, rows: np.ndarray) -> np.ndarray | None:

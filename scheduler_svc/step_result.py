@@ -33,6 +33,17 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
     if lifecycle.pool.enable_caching:
         for slot in record.still_prefilled(batch):
             lifecycle.prefix_cache.publish(slot)
+    if live.all() and not lifecycle.padding:  # the common case: every token answered
+        lifecycle.stats.generation_tokens += len(sampled)
+        _end_stopped(lifecycle, record.slots, sampled, record.index + 1)
+        lifecycle.retire_padding()  # a static padded batch whose last live row just ended
+        return EngineOutputs(
+            step=result.step,
+            req_ids=pack_ids(record.req_ids),
+            token_ids=result.sampled,
+            finished=lifecycle.take_finished(),
+            logprobs=result.logprobs,
+        )
     answered = live.copy()
     if lifecycle.padding:  # padding rows' tokens are computed, never answered
         answered &= ~np.isin(record.slots, list(lifecycle.padding))

@@ -6,6 +6,8 @@ GGUF converter) and cached as a `tokenizer.json`; later starts load that file di
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,7 @@ class Tokenizer:
         self.max_chars_per_token = 4 * max(map(len, self.backend.get_vocab()))
         self._template = None
         if info.chat_template:
-            environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True
-            )
-            self._template = environment.from_string(info.chat_template)
+            self._template = chat_environment().from_string(info.chat_template)
 
     def encode(self, text: str) -> list[int]:
         # The batch call releases the GIL (encode holds it), so a gateway thread tokenizing a
@@ -58,11 +57,50 @@ class Tokenizer:
         return self.backend.id_to_token(token_id) or ""
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The conversation as the model's template writes it; a template that refuses it (its
+        `raise_exception`, as Mistral's on roles that do not alternate) raises ValueError with
+        the template's own message."""
         if self._template is None:
             raise ValueError("this model has no chat template")
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=True,
-            bos_token=self.token_text(self.info.bos_token_id),
-            eos_token=self.token_text(self.info.eos_token_id),
-        )
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self.token_text(self.info.bos_token_id),
+                eos_token=self.token_text(self.info.eos_token_id),
+            )
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"the chat template refused the messages: {exc}") from None
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' own: jinja2's tojson escapes HTML characters, which templates do not want.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def chat_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    """The Jinja environment transformers renders chat templates in: its whitespace rules, loop
+    controls, `raise_exception`, `strftime_now` and `tojson`."""
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    return environment

@@ -19,3 +19,50 @@ def test_fields_a_request_leaves_out_take_the_models_defaults_else_neutral_value
     assert sampling_of(bare, None) == (1.0, 1.0, 0)  # --generation-config none
     given = b'{"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5, "top_k": -1}'
     assert sampling_of(given, MODEL_DEFAULTS) == (0.0, 0.5, 0)
+
+
+TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('System messages must come first, not at ' ~ loop.index) }}"
+    "{%- endif %}"
+    "{%- if m.content == 'stop here' %}{% break %}{% endif %}"
+    "<|{{ m.role }}|>{{ m.content | tojson }}{{ eos_token }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{{ strftime_now('%Y') }}{%- endif %}"
+)
+
+
+def test_chat_templates_render_as_transformers_renders_them() -> None:
+    import dataclasses
+
+    import transformers
+
+    from turnstile.gateway_svc.openai_api import ApiError, ChatCompletionRequest, prompt_of
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import Tokenizer
+
+    path = embedded_model_path()
+    info = dataclasses.replace(read_model_info(path), chat_template=TEMPLATE)
+    ours = Tokenizer(path, info)
+    eos = ours.token_text(info.eos_token_id)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_object=ours.backend, eos_token=eos)
+    messages = [
+        {"role": "system", "content": "Sé breve <b>"},
+        {"role": "user", "content": "¿Qué hora es?"},
+        {"role": "assistant", "content": "stop here"},
+        {"role": "user", "content": "never rendered"},
+    ]
+    expected = theirs.apply_chat_template(
+        messages, chat_template=TEMPLATE, tokenize=False, add_generation_prompt=True
+    )
+    assert ours.render_chat(messages) == expected
+    assert '"Sé breve <b>"' in expected  # tojson as transformers': no ASCII or HTML escapes
+    body = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}'
+    try:
+        prompt_of(parse(body, ChatCompletionRequest), ours)
+    except ApiError as exc:
+        assert exc.status == 400
+        assert "System messages must come first, not at 2" in exc.message
+    else:
+        raise AssertionError("the template's raise_exception did not refuse the request")

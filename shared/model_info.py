@@ -158,17 +158,12 @@ def _from_gguf(path: Path) -> ModelInfo:
     )
 
 
-def _generation_config(path: Path) -> dict:
-    generation = path / "generation_config.json"
-    return json.loads(generation.read_text()) if generation.exists() else {}
-
-
-def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
+def _eos_ids(config: dict, generation: dict) -> tuple[int, ...]:
     """config.json's `eos_token_id` (an id or a list), then generation_config.json's, as
     transformers' `generate` stops at any of them (Llama 3.x: <|end_of_text|>, <|eom_id|>,
     <|eot_id|>)."""
     ids: list[int] = []
-    for source in (config, _generation_config(path)):
+    for source in (config, generation):
         value = source.get("eos_token_id")
         for token in value if isinstance(value, list) else [value]:
             if token is not None and int(token) not in ids:
@@ -178,6 +173,9 @@ def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
 
 def _from_hf_directory(path: Path) -> ModelInfo:
     config = json.loads((path / "config.json").read_text())
+    generation_file = path / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
+    eos_ids = _eos_ids(config, generation)
     heads = config["num_attention_heads"]
     template = None
     tokenizer_config = path / "tokenizer_config.json"
@@ -202,11 +200,11 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         rope_theta=float(rope_theta),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         bos_token_id=config.get("bos_token_id", 1),
-        eos_token_id=_eos_ids(path, config)[0],
-        eos_token_ids=_eos_ids(path, config),
+        eos_token_id=eos_ids[0],
+        eos_token_ids=eos_ids,
         sampling_defaults={
             name: value
-            for name, value in _generation_config(path).items()
+            for name, value in generation.items()
             if name in ("temperature", "top_p", "top_k")
         }
         or None,

@@ -112,10 +112,10 @@ class Harness:
 
     def replace_executor(self) -> None:
         """A replacement executor registers: an empty batch, at the scheduler's next step."""
-        cfg, step = self.config, self.scheduler.step
-        for applier in (self.executor.applier, self.planned):
-            applier.__init__(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)  # type: ignore[misc]
-            applier.step = step
+        cfg = self.config
+        self.executor.applier = PlanApplier(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)
+        self.planned = PlanApplier(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size)
+        self.executor.applier.step = self.planned.step = self.scheduler.step
         self.sent.clear()
 
     def abort(self, req_id: int) -> None:

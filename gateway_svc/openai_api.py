@@ -175,6 +175,22 @@ def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | Non
 
 
 NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+# Fields a generation_config.json may set that Turnstile does not apply: only their no-op value.
+UNAPPLIED_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                      "frequency_penalty": 0.0}  # fmt: skip
+
+
+def model_sampling_defaults(found: dict[str, float] | None) -> dict[str, float]:
+    """The model's sampling defaults (generation_config.json's), for requests that leave them
+    out. One Turnstile would not apply is refused by name, never ignored."""
+    defaults = dict(found or {})
+    for name, neutral in UNAPPLIED_SAMPLING.items():
+        if name in defaults and defaults.pop(name) != neutral:
+            raise ValueError(
+                f"the model's generation_config.json sets {name}, which Turnstile does not "
+                "implement; serve with --generation-config none to leave its defaults out"
+            )
+    return defaults
 
 
 def engine_request(

@@ -12,6 +12,7 @@ from aiohttp import web
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.gateway_svc.openai_api import model_sampling_defaults
 from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
 from turnstile.shared.tokenizer import Tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
@@ -24,6 +25,8 @@ DRAIN_SECONDS = 60.0
 async def _serve(config: GatewayServiceConfig) -> None:
     model, settings = resolve_model_path(config.engine.model), config.gateway
     info = read_model_info(model)
+    auto = settings.generation_config == "auto"
+    sampling_defaults = model_sampling_defaults(info.sampling_defaults) if auto else None
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
     gateway = Gateway(
@@ -32,7 +35,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         served_name(model),
         min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
         settings.api_key,
-        info.sampling_defaults if settings.generation_config == "auto" else None,
+        sampling_defaults,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -63,7 +63,7 @@ class ModelInfo:
     chat_template: str | None
     rope_scaling: dict | None = None
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
-    # generation_config.json's temperature, top_p, top_k: defaults for requests that omit them
+    # generation_config.json's sampling fields: defaults for requests that omit them
     sampling_defaults: dict[str, float] | None = None
 
     @property
@@ -158,6 +158,13 @@ def _from_gguf(path: Path) -> ModelInfo:
     )
 
 
+# What vLLM's --generation-config auto takes from generation_config.json.
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty",
+)  # fmt: skip
+
+
 def _eos_ids(config: dict, generation: dict) -> tuple[int, ...]:
     """config.json's `eos_token_id` (an id or a list), then generation_config.json's, as
     transformers' `generate` stops at any of them (Llama 3.x: <|end_of_text|>, <|eom_id|>,
@@ -203,9 +210,7 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         eos_token_id=eos_ids[0],
         eos_token_ids=eos_ids,
         sampling_defaults={
-            name: value
-            for name, value in generation.items()
-            if name in ("temperature", "top_p", "top_k")
+            name: value for name, value in generation.items() if name in SAMPLING_FIELDS
         }
         or None,
         tie_word_embeddings=config.get("tie_word_embeddings", False),

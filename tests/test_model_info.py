@@ -30,11 +30,11 @@ def test_eos_ids_and_sampling_defaults_come_from_config_and_generation_config(
     LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                 num_attention_heads=4, eos_token_id=[5, 6]).save_pretrained(tmp_path)  # fmt: skip
     GenerationConfig(
-        eos_token_id=[6, 9], do_sample=True, temperature=0.6, top_p=0.9
+        eos_token_id=[6, 9], do_sample=True, temperature=0.6, top_p=0.9, repetition_penalty=1.1
     ).save_pretrained(tmp_path)
     info = read_model_info(tmp_path)
     assert (info.eos_token_id, info.all_eos_token_ids) == (5, (5, 6, 9))
-    assert info.sampling_defaults == {"temperature": 0.6, "top_p": 0.9}
+    assert info.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
     embedded = read_model_info(embedded_model_path())
     assert embedded.all_eos_token_ids == (embedded.eos_token_id,)
 

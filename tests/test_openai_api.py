@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from turnstile.gateway_svc.openai_api import CompletionRequest, engine_request, parse
+import pytest
+
+from turnstile.gateway_svc.openai_api import (
+    CompletionRequest,
+    engine_request,
+    model_sampling_defaults,
+    parse,
+)
 
 MODEL_DEFAULTS = {"temperature": 0.6, "top_k": 20}  # as a generation_config.json gives them
 
@@ -19,6 +26,13 @@ def test_fields_a_request_leaves_out_take_the_models_defaults_else_neutral_value
     assert sampling_of(bare, None) == (1.0, 1.0, 0)  # --generation-config none
     given = b'{"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5, "top_k": -1}'
     assert sampling_of(given, MODEL_DEFAULTS) == (0.0, 0.5, 0)
+
+
+def test_a_model_default_we_would_not_apply_is_refused_by_name() -> None:
+    found = {"temperature": 0.7, "repetition_penalty": 1.0, "min_p": 0.0}
+    assert model_sampling_defaults(found) == {"temperature": 0.7}  # no-op values pass
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        model_sampling_defaults({"temperature": 0.7, "repetition_penalty": 1.05})
 
 
 TEMPLATE = (

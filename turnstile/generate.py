@@ -14,6 +14,7 @@ from turnstile.gateway_svc.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     engine_request,
+    model_sampling_defaults,
     parse,
     prompt_of,
 )
@@ -27,6 +28,7 @@ def generate_file(
     source: Path, target: Path, config: RunnerConfig, scheduling: SchedulingConfig
 ) -> None:
     engine = OfflineEngine(config, scheduling)
+    defaults = model_sampling_defaults(engine.runner.info.sampling_defaults)  # as served: auto
     tokenizer = Tokenizer(config.model_path, engine.runner.info)
     lines = [line for line in source.read_text().splitlines() if line.strip()]
     records: list[dict] = []
@@ -39,10 +41,7 @@ def generate_file(
         try:
             request = parse(line.encode(), kind)
             prompt_ids = prompt_of(request, tokenizer)
-            info = engine.runner.info  # its generation_config.json defaults, as served (auto)
-            message = engine_request(
-                request, prompt_ids, engine.runner.max_model_len, info.sampling_defaults
-            )
+            message = engine_request(request, prompt_ids, engine.runner.max_model_len, defaults)
         except ApiError as exc:
             record.update(token_ids=[], text="", finish_reason="error", error=exc.message)
             continue

@@ -87,7 +87,13 @@ class ModelRunner:
         table = self.applier.batch
         params = [self.applier.sampling[slot] for slot in rows.tolist()]
         output_index = table.num_tokens[rows] - table.num_prompt[rows]
-        sampling = SamplingArrays.build(params, output_index, self._rng)  # type: ignore[arg-type]
+
+        def history(row: int) -> tuple[np.ndarray, np.ndarray]:
+            slot = rows[row]
+            tokens = table.tokens[slot, : table.num_tokens[slot]]
+            return tokens[: table.num_prompt[slot]], tokens[table.num_prompt[slot] :]
+
+        sampling = SamplingArrays.build(params, output_index, self._rng, history)  # type: ignore[arg-type]
         return self.backend.upload(inputs, sampling)
 
     @torch.inference_mode()

@@ -1,5 +1,6 @@
-"""Token selection on the step's device: greedy, temperature, top-k, top-p, per-request seeds,
-top-N logprobs.
+"""Token selection on the step's device: the requests' logits adjustments, greedy,
+temperature, min-p, top-k, top-p, per-request seeds, top-N logprobs (of the raw logits, as
+vLLM's default).
 
 The host turns the rows' parameters into arrays once a step (`SamplingArrays`); they travel to
 the device with the step's other inputs, and `sample` runs there with no host sync. Each
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from turnstile.executor_svc.logits_adjustments import History, LogitsAdjustments, adjust
 from turnstile.shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
@@ -36,14 +38,21 @@ class SamplingArrays:
     top_p: np.ndarray  # float64, per random row
     noise_keys: np.ndarray  # per random row
     filters: bool  # whether any random row has top-k or top-p
+    min_p: np.ndarray | None  # per random row, where any has one
     logprob_rows: np.ndarray | None  # rows that asked for logprobs
     top_logprobs: list[int]  # how many top entries each of them asked for
+    adjustments: LogitsAdjustments
 
     @classmethod
     def build(
-        cls, params: list[SamplingParams], output_index: np.ndarray, rng: np.random.Generator
+        cls,
+        params: list[SamplingParams],
+        output_index: np.ndarray,
+        rng: np.random.Generator,
+        history: History | None = None,
     ) -> SamplingArrays:
-        """`output_index[i]`: how many tokens row i generated before this one."""
+        """`output_index[i]`: how many tokens row i generated before this one; `history(i)`
+        its tokens, for the adjustments that read them (penalties, bad words)."""
         random = [i for i, p in enumerate(params) if p.temperature >= MIN_TEMPERATURE]
         chosen = [params[i] for i in random]
         keys = rng.integers(0, 2**63, len(random), dtype=np.int64)
@@ -58,8 +67,10 @@ class SamplingArrays:
             top_p=np.array([p.top_p for p in chosen], dtype=np.float64),
             noise_keys=keys,
             filters=any(p.top_k > 0 or p.top_p < 1.0 for p in chosen),
+            min_p=np.array([p.min_p for p in chosen]) if any(p.min_p for p in chosen) else None,
             logprob_rows=np.array(wanted, dtype=np.int64) if wanted else None,
             top_logprobs=[params[i].logprobs or 0 for i in wanted],
+            adjustments=LogitsAdjustments.build(params, output_index, history or _no_history),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -73,9 +84,15 @@ class SamplingArrays:
             }
             if self.filters:
                 out |= {"top_k": self.top_k, "top_p": self.top_p}
+            if self.min_p is not None:
+                out["min_p"] = self.min_p
         if self.logprob_rows is not None:
             out["logprob_rows"] = self.logprob_rows
-        return out
+        return out | self.adjustments.arrays
+
+
+def _no_history(row: int) -> tuple[np.ndarray, np.ndarray]:
+    raise ValueError("a row's penalties or bad words need its tokens; none were given")
 
 
 @dataclass(slots=True)
@@ -165,19 +182,26 @@ def sample(
     noise: Noise,
 ) -> Sampled:
     """Tokens for each row of float32 `logits`, on their device."""
-    tokens = argmax(logits)
     host, device = batch.host, batch.device
+    raw = None if host.logprob_rows is None else logits[device["logprob_rows"]]  # a copy
+    if host.adjustments.arrays:
+        adjust(logits, device)
+    tokens = argmax(logits)
     if host.random_rows is not None:
         rows = device["random_rows"]
         scaled = logits[rows] / device["temperature"].float()[:, None]
+        if host.min_p is not None:
+            probs = scaled.softmax(dim=-1)
+            floor = device["min_p"].float()[:, None] * probs.max(dim=-1, keepdim=True).values
+            scaled.masked_fill_(probs < floor, -float("inf"))
         if host.filters:
             _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
         probs = scaled.softmax(dim=-1)
         tokens[rows] = (probs / noise(device["noise_keys"], probs.shape[-1])).argmax(dim=-1)
-    if host.logprob_rows is None:
+    if raw is None:
         return Sampled(tokens, None, [])
     rows = device["logprob_rows"]
-    logprobs = logits[rows].log_softmax(dim=-1)
+    logprobs = raw.log_softmax(dim=-1)
     top_values, top_ids = logprobs.topk(max(host.top_logprobs), dim=-1)
     chosen = logprobs.gather(1, tokens[rows][:, None])
     table = torch.cat((chosen.double(), top_ids.double(), top_values.double()), dim=1)

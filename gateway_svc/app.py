@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (aiohttp): validate, tokenize, submit, stream back."""
+"""The OpenAI-compatible HTTP API (aiohttp): routes, authentication, and the small endpoints;
+a generation request's own path is `generation.py`."""
 
 from __future__ import annotations
 
@@ -6,52 +7,34 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
-import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from turnstile.gateway_svc import metrics
-from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
+from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
 from turnstile.gateway_svc.openai_api import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
+    Request,
     check_prompt_size,
     engine_request,
+    hidden_token_ids,
     parse,
-    prompt_of,
+    prompts_of,
 )
 from turnstile.gateway_svc.openapi import openapi_document
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
-from turnstile.gateway_svc.text_stream import TextStream
+from turnstile.gateway_svc.token_endpoints import TokenEndpoints
+from turnstile.shared.protocol import AddRequest
 from turnstile.shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# How a refusal from the scheduler reaches the client: status, OpenAI error type, headers.
-_REFUSALS = {
-    "error": (400, "invalid_request_error", {}),
-    "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
-    "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
-    "timeout": (504, "timeout", {}),
-    "failed": (500, "server_error", {}),
-}
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-@dataclass(slots=True)
-class Piece:
-    """Text that became safe to send, with the logprobs of the tokens behind it."""
-
-    text: str
-    logprobs: list[list[tuple[int, float]]]
-    finish_reason: str | None = None
 
 
 @web.middleware
@@ -73,16 +56,18 @@ class Gateway:
         self,
         engine: EngineClient,
         tokenizer: Tokenizer,
-        model_name: str,
+        served_names: list[str],
         max_model_len: int,
+        block_size: int,
         api_key: str | None = None,
         sampling_defaults: dict[str, float] | None = None,
     ) -> None:
         self.engine = engine
         self.sampling_defaults = sampling_defaults or {}
         self.tokenizer = tokenizer
-        self.model_name = model_name
+        self.served_names = served_names
         self.max_model_len = max_model_len
+        self.block_size = block_size
         self.api_key = api_key
         # Tokenizing off the event loop: a long prompt must not stall every other stream.
         self._tokenizing = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -97,6 +82,10 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
+        tokens = TokenEndpoints(self.tokenizer, self.max_model_len, self.check_model)
+        app.router.add_post("/tokenize", tokens.tokenize)
+        app.router.add_post("/detokenize", tokens.detokenize)
+        app.router.add_get("/version", tokens.version)
         return app
 
     @web.middleware
@@ -115,17 +104,15 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def models(self, _: web.Request) -> web.Response:
-        model = {
-            "id": self.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "turnstile",
-            "max_model_len": self.max_model_len,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        models = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "turnstile",
+             "root": self.served_names[0], "max_model_len": self.max_model_len}
+            for name in self.served_names
+        ]  # fmt: skip
+        return web.json_response({"object": "list", "data": models})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        return web.json_response(openapi_document(self.model_name, self.max_model_len))
+        return web.json_response(openapi_document(self.served_names, self.max_model_len))
 
     async def metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=generate_latest())
@@ -138,140 +125,73 @@ class Gateway:
     async def chat_completions(self, http: web.Request) -> web.StreamResponse:
         return await self._generate(http, parse(await http.read(), ChatCompletionRequest))
 
-    async def _generate(
-        self, http: web.Request, request: CompletionRequest | ChatCompletionRequest
-    ) -> web.StreamResponse:
-        arrival = time.perf_counter()
-        if request.model not in (None, "", self.model_name):
+    def check_model(self, model: str | None) -> None:
+        """Any served name is accepted (the first is the one reported), as is no name."""
+        if model not in (None, "", *self.served_names):
             raise ApiError(
-                404, f"the model {request.model!r} does not exist", "not_found_error",
-                "model_not_found",
+                404, f"the model {model!r} does not exist", "not_found_error", "model_not_found",
+                param="model",
             )  # fmt: skip
+
+    async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
+        arrival = time.perf_counter()
+        self.check_model(request.model)
         chat = isinstance(request, ChatCompletionRequest)
         endpoint = "chat" if chat else "completions"
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
-        prompt_ids = await asyncio.get_running_loop().run_in_executor(
-            self._tokenizing, prompt_of, request, self.tokenizer
+        prompts = await asyncio.get_running_loop().run_in_executor(
+            self._tokenizing, prompts_of, request, self.tokenizer
         )
-        message = engine_request(request, prompt_ids, self.max_model_len, self.sampling_defaults)
+        status = self.engine.status
+        kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
+        messages = [
+            engine_request(
+                request, ids, self.max_model_len, self.tokenizer, self.sampling_defaults, kv_tokens
+            )
+            for ids in prompts
+        ]
+        n = request.n or 1
+        self._check_capacity(messages, n)
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
-        stream = self.engine.submit(message)
-        metrics.GATEWAY_PROMPT_TOKENS.inc(len(prompt_ids))
-        shape = ResponseShape(chat, self.model_name, stream.req_id, self.tokenizer)
-        counter = _Usage(len(prompt_ids), arrival)
-        pieces = self._pieces(stream, TextStream(self.tokenizer, request.stop_strings), counter)
+        prompt_tokens = sum(map(len, prompts))
+        metrics.GATEWAY_PROMPT_TOKENS.inc(prompt_tokens)
+        generation = Generation(self.engine, request, prompt_tokens)
+        hidden = hidden_token_ids(request, self.tokenizer.info.all_eos_token_ids)
+        for p, (ids, message) in enumerate(zip(prompts, messages, strict=True)):
+            echo = self.tokenizer.decode(ids) if not chat and request.echo else ""
+            choices = [
+                Choice(p * n + j, request, self.tokenizer, hidden, arrival) for j in range(n)
+            ]
+            generation.start(message, choices, echo)
+        shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
         try:
             if request.stream:
-                include_usage = bool(
-                    request.stream_options and request.stream_options.include_usage
-                )
-                response = await self._stream(http, shape, pieces, counter, include_usage)
+                response = await answer_stream(http, shape, generation, request)
             else:
-                response = await self._whole(shape, pieces, counter)
+                response = await answer_whole(shape, generation)
         except ApiError as exc:
             metrics.REQUESTS.labels(endpoint, str(exc.status)).inc()
             raise
         finally:
-            self.engine.abort(stream)  # a no-op unless the client left early
+            generation.close()  # a no-op unless the client left early
         metrics.REQUESTS.labels(endpoint, "200").inc()
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response
 
-    async def _pieces(
-        self, stream: RequestStream, text: TextStream, usage: _Usage
-    ) -> AsyncIterator[Piece]:
-        entries: list[list[tuple[int, float]]] = []
-        while True:
-            event = await stream.events.get()
-            if isinstance(event, End):
-                if event.reason in _REFUSALS:
-                    status, kind, headers = _REFUSALS[event.reason]
-                    raise ApiError(status, event.error, kind, headers=headers)
-                yield Piece(
-                    text.finish(), entries, "stop" if event.reason == "stop" else event.reason
+    def _check_capacity(self, messages: list[AddRequest], n: int) -> None:
+        """Refuse `n` choices whose KV blocks, the prompt's shared, exceed the whole cache."""
+        status, size = self.engine.status, self.block_size
+        if n == 1 or status is None or not status.num_blocks:
+            return
+        for message in messages:
+            prompt = len(message.prompt_ids) // 4
+            own = -(-(prompt + message.max_tokens) // size) - prompt // size
+            needed = prompt // size + n * own
+            if needed > status.num_blocks:
+                raise ApiError(
+                    400,
+                    f"n={n} choices of this prompt need {needed} KV blocks; the cache holds "
+                    f"{status.num_blocks}. Lower n or max_tokens.",
+                    param="n",
                 )
-                return
-            usage.token()
-            if event.logprobs:
-                entries.append(event.logprobs)
-            piece = text.add(event.token_id)
-            if text.stopped:
-                self.engine.abort(stream)
-                yield Piece(piece, entries, "stop")
-                return
-            if piece:
-                yield Piece(piece, entries)
-                entries = []
-
-    async def _whole(
-        self, shape: ResponseShape, pieces: AsyncIterator[Piece], usage: _Usage
-    ) -> web.Response:
-        texts: list[str] = []
-        entries: list[list[tuple[int, float]]] = []
-        finish_reason = "stop"
-        async for piece in pieces:
-            texts.append(piece.text)
-            entries += piece.logprobs
-            finish_reason = piece.finish_reason or finish_reason
-        body = shape.whole("".join(texts), finish_reason, shape.logprobs(entries, 0), usage.body())
-        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
-
-    async def _stream(
-        self,
-        http: web.Request,
-        shape: ResponseShape,
-        pieces: AsyncIterator[Piece],
-        usage: _Usage,
-        include_usage: bool,
-    ) -> web.StreamResponse:
-        # The first piece is awaited before answering, so a refused request still gets its
-        # proper HTTP status instead of an error inside a 200 stream.
-        first = await anext(pieces)
-        response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(http)
-        offset = 0
-        piece: Piece | None = first
-        is_first = True
-        try:
-            while piece is not None:
-                logprobs = shape.logprobs(piece.logprobs, offset)
-                offset += len(piece.text)
-                chunk = shape.chunk(piece.text, piece.finish_reason, logprobs, first=is_first)
-                await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-                is_first = False
-                piece = await anext(pieces, None)
-        except ApiError as exc:
-            await response.write(b"data: " + msgspec.json.encode(exc.body()) + b"\n\n")
-        if include_usage:
-            chunk = shape.usage_chunk(usage.body())
-            await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-
-class _Usage:
-    """Token counts and the latency series they feed."""
-
-    def __init__(self, prompt_tokens: int, arrival: float) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = 0
-        self._last = arrival
-
-    def token(self) -> None:
-        now = time.perf_counter()
-        histogram = (
-            metrics.INTER_TOKEN_LATENCY if self.completion_tokens else metrics.TIME_TO_FIRST_TOKEN
-        )
-        histogram.observe(now - self._last)
-        self._last = now
-        self.completion_tokens += 1
-        metrics.GATEWAY_GENERATION_TOKENS.inc()
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }

@@ -20,6 +20,14 @@ class GatewayConfig:
     request_timeout: float = setting(
         1800.0, "seconds after which a request still running ends with an error (HTTP 504)"
     )
+    served_model_name: list[str] | None = setting(
+        None,
+        "the names clients may ask for: the first is reported (none: the model's file or "
+        "folder name)",
+    )
+    chat_template: str | None = setting(
+        None, "a Jinja chat template, or a file holding one, in place of the model's"
+    )
     generation_config: Literal["auto", "none"] = setting(
         "auto",
         "auto: generation_config.json's temperature, top_p, top_k for requests that leave them "

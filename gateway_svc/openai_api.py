@@ -1,124 +1,57 @@
-"""OpenAI request bodies as msgspec Structs: decoding validates them, and every failure becomes
-a 400 with an OpenAI-style error body."""
+"""What an OpenAI request becomes: the prompt's token ids and the scheduler's `AddRequest`,
+with the model's defaults filled in and anything that cannot run refused as a 400."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import re
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
-from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.request_types import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    TokenizeChat,
+)
+from turnstile.gateway_svc.sampling_fields import sampling_params
+from turnstile.shared.protocol import AddRequest, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
-MAX_STOP_STRINGS = 8
-PRIORITY_LIMIT = 1 << 20  # the scheduler packs (priority, arrival) into one int64
+Request = CompletionRequest | ChatCompletionRequest
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        code: str = "",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.code = code or kind
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "code": self.code}}
+def parse(body: bytes, kind: type[Request]) -> Any:
+    """A generation request, validated."""
+    request = parse_body(body, kind)
+    request.check()
+    return request
 
 
-class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
-    include_usage: bool = False
-
-
-class ChatMessage(msgspec.Struct, forbid_unknown_fields=False):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-# Bounds live in the types: msgspec enforces them while decoding, and the OpenAPI document
-# publishes them.
-TokenCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
-TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-Logprobs = Annotated[int, Meta(ge=0, le=20)]
-
-
-class _Sampling(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
-    model: str | None = None
-    max_tokens: TokenCount | None = None
-    # Unset: the model's generation_config.json default (--generation-config auto), else neutral.
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
-    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] = []
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    priority: Annotated[int, Meta(ge=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)] = 0
-    n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] = 1
-    user: str | None = None
-
-    def check(self) -> None:
-        """What the types cannot say."""
-
-    @property
-    def stop_strings(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
-
-
-class CompletionRequest(_Sampling, kw_only=True):
-    prompt: str | list[int | str]
-    logprobs: Logprobs | None = None
-    echo: bool = False
-
-    def check(self) -> None:
-        super().check()
-        prompt = self.prompt
-        if isinstance(prompt, list):
-            if len(prompt) == 1 and isinstance(prompt[0], str):
-                self.prompt = prompt[0]
-            elif not all(isinstance(t, int) for t in prompt):
-                raise ApiError(400, "prompt must be a string, one string, or a list of token ids")
-        if self.echo:
-            raise ApiError(400, "echo is not supported", code="unsupported_parameter")
-
-
-class ChatCompletionRequest(_Sampling, kw_only=True):
-    messages: list[ChatMessage]
-    max_completion_tokens: TokenCount | None = None
-    logprobs: bool = False
-    top_logprobs: Logprobs | None = None
-
-    def check(self) -> None:
-        super().check()
-        if not self.messages:
-            raise ApiError(400, "messages must not be empty")
-
-
-def parse(body: bytes, kind: type[_Sampling]) -> Any:
+def parse_body(body: bytes, kind: type[Any]) -> Any:
+    """`body` decoded as `kind`; whatever does not fit is a 400 naming the field."""
     try:
         # Lax like pydantic: 1.0 is accepted where an integer is expected.
         request = msgspec.json.decode(body, type=kind, strict=False)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, f"invalid request: {exc}") from None
+        raise ApiError(400, f"invalid request: {exc}", param=_field_of(str(exc))) from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
-    request.check()
     return request
+
+
+def _field_of(error: str) -> str | None:
+    """The field a msgspec error names: "Object contains unknown field `x` - at `$.a`", or
+    "Expected `int`, got `str` - at `$.a`"."""
+    unknown = re.search(r"unknown field `([^`]*)`", error)
+    at = re.search(r"- at `\$\.?([^`]*)`", error)
+    path = at.group(1) if at else ""
+    if unknown:
+        return f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+    return path or None
 
 
 def message_text(message: ChatMessage) -> str:
@@ -128,91 +61,91 @@ def message_text(message: ChatMessage) -> str:
     parts = []
     for part in message.content:
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ApiError(400, "only text content parts are supported")
+            raise ApiError(400, "only text content parts are supported", param="messages")
         parts.append(part["text"])
     return "".join(parts)
 
 
-def check_prompt_size(
-    request: CompletionRequest | ChatCompletionRequest, max_model_len: int, max_chars_per_token: int
-) -> None:
+def check_prompt_size(request: Request, max_model_len: int, max_chars_per_token: int) -> None:
     """Refuse, before tokenizing, a prompt text too long to fit the context in any case."""
     if isinstance(request, ChatCompletionRequest):
-        chars = sum(len(message_text(m)) for m in request.messages)
+        sizes = [sum(len(message_text(m)) for m in request.messages)]
     else:
-        chars = len(request.prompt)
-    if chars > max_model_len * max_chars_per_token:
+        sizes = [len(p) for p in request.prompts()]
+    if max(sizes) > max_model_len * max_chars_per_token:
         raise ApiError(
             400,
-            f"the prompt has {chars} characters: more than this model's context of "
+            f"the prompt has {max(sizes)} characters: more than this model's context of "
             f"{max_model_len} tokens can hold",
             code="context_length_exceeded",
+            param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
         )
 
 
-def prompt_of(
-    request: CompletionRequest | ChatCompletionRequest, tokenizer: Tokenizer
-) -> list[int]:
-    """Prompt token ids: the text tokenized, the ids given, or the rendered chat."""
+def chat_text(request: ChatCompletionRequest | TokenizeChat, tokenizer: Tokenizer) -> str:
+    """The conversation as the model's chat template writes it."""
+    messages = []
+    for message in request.messages:
+        fields = msgspec.structs.asdict(message)
+        messages.append({k: v for k, v in fields.items() if v is not None} | {
+            "content": message_text(message)
+        })  # fmt: skip
+    try:
+        return tokenizer.render_chat(
+            messages,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            **(request.chat_template_kwargs or {}),
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+
+
+def prompts_of(request: Request, tokenizer: Tokenizer) -> list[list[int]]:
+    """Each prompt's token ids: the texts tokenized, the ids given, or the rendered chat."""
+    special = request.add_special_tokens
     if isinstance(request, ChatCompletionRequest):
-        messages = [{"role": m.role, "content": message_text(m)} for m in request.messages]
-        try:
-            return tokenizer.encode(tokenizer.render_chat(messages))
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-    if isinstance(request.prompt, str):
-        return tokenizer.encode(request.prompt)
-    ids = [int(t) for t in request.prompt]
-    if any(not 0 <= t < tokenizer.vocab_size for t in ids):
-        raise ApiError(400, f"prompt token ids must lie in [0, {tokenizer.vocab_size})")
-    return ids
-
-
-def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
-    if isinstance(request, ChatCompletionRequest):
-        return (request.top_logprobs or 0) if request.logprobs else None
-    return request.logprobs
-
-
-NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-# Fields a generation_config.json may set that Turnstile does not apply: only their no-op value.
-UNAPPLIED_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                      "frequency_penalty": 0.0}  # fmt: skip
-
-
-def model_sampling_defaults(found: dict[str, float] | None) -> dict[str, float]:
-    """The model's sampling defaults (generation_config.json's), for requests that leave them
-    out. One Turnstile would not apply is refused by name, never ignored."""
-    defaults = dict(found or {})
-    for name, neutral in UNAPPLIED_SAMPLING.items():
-        if name in defaults and defaults.pop(name) != neutral:
-            raise ValueError(
-                f"the model's generation_config.json sets {name}, which Turnstile does not "
-                "implement; serve with --generation-config none to leave its defaults out"
+        return [tokenizer.encode(chat_text(request, tokenizer), special)]
+    prompts = []
+    for prompt in request.prompts():
+        if isinstance(prompt, str):
+            prompts.append(tokenizer.encode(prompt, special))
+        elif any(not 0 <= t < tokenizer.vocab_size for t in prompt):
+            raise ApiError(
+                400, f"prompt token ids must lie in [0, {tokenizer.vocab_size})", param="prompt"
             )
-    return defaults
+        else:
+            prompts.append(list(prompt))
+    return prompts
+
+
+def hidden_token_ids(request: Request, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
+    """The tokens that end a request and whose text is not shown (as vLLM, unless
+    include_stop_str_in_output)."""
+    if request.include_stop_str_in_output:
+        return frozenset()
+    hidden = set(request.stop_token_ids or ())
+    return frozenset(hidden if request.ignore_eos else hidden | set(eos_token_ids))
 
 
 def engine_request(
-    request: CompletionRequest | ChatCompletionRequest,
+    request: Request,
     prompt_ids: list[int],
     max_model_len: int,
+    tokenizer: Tokenizer,
     sampling_defaults: dict[str, float] | None = None,
+    kv_tokens: int | None = None,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
-    fields it leaves out take `sampling_defaults` (the model's), else neutral values."""
-    defaults = {**NEUTRAL_SAMPLING, **(sampling_defaults or {})}
-
-    def sampling(name: str) -> float:
-        value = getattr(request, name)
-        return defaults[name] if value is None else value
-
+    fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
+    without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`)."""
+    chat = isinstance(request, ChatCompletionRequest)
     asked = request.max_tokens
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
         asked = request.max_completion_tokens
     prompt_len = len(prompt_ids)
     if prompt_len == 0:
-        raise ApiError(400, "the prompt is empty")
+        raise ApiError(400, "the prompt is empty", param="prompt")
     room = max_model_len - prompt_len
     if room < 1 or (asked is not None and asked > room):
         wanted = prompt_len + (asked or 1)
@@ -222,19 +155,17 @@ def engine_request(
             f"requested {wanted} tokens ({prompt_len} in the prompt, {wanted - prompt_len} for "
             "the completion). Please shorten the prompt or lower max_tokens.",
             code="context_length_exceeded",
+            param="max_tokens" if room >= 1 else "messages" if chat else "prompt",
         )
+    if asked is None:  # completions: 16, as OpenAI and vLLM; chat: the rest of the context
+        fits = room if kv_tokens is None else max(min(room, kv_tokens - prompt_len), 1)
+        asked = min(room, CompletionRequest.DEFAULT_MAX_TOKENS) if not chat else fits
     return AddRequest(
         req_id=0,
         prompt_ids=pack_ids(prompt_ids),
-        max_tokens=asked if asked is not None else room,
-        sampling=SamplingParams(
-            temperature=sampling("temperature"),
-            top_p=sampling("top_p"),
-            top_k=max(int(sampling("top_k")), 0),
-            seed=request.seed,
-            logprobs=logprobs_of(request),
-        ),
-        stop_token_ids=request.stop_token_ids,
+        max_tokens=asked,
+        sampling=sampling_params(request, tokenizer, sampling_defaults or {}, asked),
+        stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,
         priority=request.priority,
     )

@@ -7,7 +7,13 @@ from typing import Any
 
 import msgspec
 
-from turnstile.gateway_svc.openai_api import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.request_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Detokenize,
+    TokenizeChat,
+    TokenizeCompletion,
+)
 
 _ERROR = {
     "type": "object",
@@ -15,11 +21,12 @@ _ERROR = {
     "properties": {
         "error": {
             "type": "object",
-            "required": ["message", "type", "code"],
+            "required": ["message", "type", "code", "param"],
             "properties": {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
                 "code": {"type": "string"},
+                "param": {"type": ["string", "null"]},
             },
         }
     },
@@ -31,72 +38,69 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {str(status): {"description": "error", "content": body} for status in statuses}
 
 
-def _generation(schema: str, summary: str) -> dict[str, Any]:
+def _post(schemas: list[str], summary: str, answer: str, stream: bool = False) -> dict[str, Any]:
+    refs = [{"$ref": f"#/components/schemas/{schema}"} for schema in schemas]
+    content = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "post": {
             "summary": summary,
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}
+                    "application/json": {"schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}
                 },
             },
             "responses": {
-                "200": {
-                    "description": "a completion, or a stream of Server-Sent Events",
-                    "content": {
-                        "application/json": {"schema": {"type": "object"}},
-                        "text/event-stream": {"schema": {"type": "string"}},
-                    },
-                },
+                "200": {"description": answer, "content": content},
                 **_errors(400, 401, 404, 413, 429, 503),
             },
         }
     }
 
 
-def openapi_document(model_name: str, max_model_len: int) -> dict[str, Any]:
+def _get(summary: str, answer: str, *errors: int) -> dict[str, Any]:
+    content = {"application/json": {"schema": {"type": "object"}}}
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {"200": {"description": answer, "content": content}, **_errors(*errors)},
+        }
+    }
+
+
+def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
+    requests = [CompletionRequest, ChatCompletionRequest, TokenizeCompletion, TokenizeChat,
+                Detokenize]  # fmt: skip
     _, schemas = msgspec.json.schema_components(
-        [CompletionRequest, ChatCompletionRequest], ref_template="#/components/schemas/{name}"
+        requests, ref_template="#/components/schemas/{name}"
     )
-    for request in ("CompletionRequest", "ChatCompletionRequest"):
+    for request in requests:
         # Any other model name is a 404, as with OpenAI.
-        properties = schemas[request]["properties"]
-        properties["model"] = {"anyOf": [{"const": model_name}, {"type": "null"}], "default": None}
+        properties = schemas[request.__name__]["properties"]
+        names = [{"const": name} for name in served_names]
+        properties["model"] = {"anyOf": [*names, {"type": "null"}], "default": None}
         # Prompt and completion share the context: more than it holds is always refused.
         for name in ("max_tokens", "max_completion_tokens"):
             if name in properties:
                 properties[name]["anyOf"][0]["maximum"] = max_model_len - 1
+    answer = "a completion, or a stream of Server-Sent Events"
     return {
         "openapi": "3.1.0",
-        "info": {"title": f"Turnstile ({model_name})", "version": "1"},
+        "info": {"title": f"Turnstile ({served_names[0]})", "version": "1"},
         "paths": {
-            "/v1/completions": _generation("CompletionRequest", "Complete a prompt"),
-            "/v1/chat/completions": _generation("ChatCompletionRequest", "Answer a chat"),
-            "/v1/models": {
-                "get": {
-                    "summary": "The served model",
-                    "responses": {
-                        "200": {
-                            "description": "model list",
-                            "content": {"application/json": {"schema": {"type": "object"}}},
-                        },
-                        **_errors(401),
-                    },
-                }
-            },
-            "/health": {
-                "get": {
-                    "summary": "Ready to serve?",
-                    "responses": {
-                        "200": {
-                            "description": "ready",
-                            "content": {"application/json": {"schema": {"type": "object"}}},
-                        },
-                        **_errors(503),
-                    },
-                }
-            },
+            "/v1/completions": _post(["CompletionRequest"], "Complete prompts", answer, True),
+            "/v1/chat/completions": _post(["ChatCompletionRequest"], "Answer a chat", answer, True),
+            "/v1/models": _get("The served model", "model list", 401),
+            "/tokenize": _post(
+                ["TokenizeCompletion", "TokenizeChat"],
+                "Token ids of a prompt or a chat",
+                "count, max_model_len, tokens",
+            ),
+            "/detokenize": _post(["Detokenize"], "Text of token ids", "prompt"),
+            "/version": _get("The server's version", "version"),
+            "/health": _get("Ready to serve?", "ready", 503),
         },
         "components": {"schemas": {**schemas, "Error": _ERROR}},
     }

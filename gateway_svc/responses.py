@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from turnstile.shared.tokenizer import Tokenizer
@@ -11,10 +12,10 @@ from turnstile.shared.tokenizer import Tokenizer
 class ResponseShape:
     """Builds the JSON bodies of one request, completion or chat."""
 
-    def __init__(self, chat: bool, model: str, req_id: int, tokenizer: Tokenizer) -> None:
+    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer) -> None:
         self.chat = chat
         self.model = model
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{req_id:x}-{time.time_ns():x}"
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.tokenizer = tokenizer
 
@@ -30,30 +31,50 @@ class ResponseShape:
             "choices": choices,
         }
 
-    def chunk(
-        self, text: str, finish_reason: str | None, logprobs: Any, first: bool = False
+    def _choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: Any,
+        delta: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
-        if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
-        else:
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
+        if not self.chat:
             choice["text"] = text
-        return self._envelope([choice], chunk=True)
+        elif delta is not None:
+            choice["delta"] = delta
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice | {"finish_reason": finish_reason}
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: Any,
+        first: bool = False,
+        usage: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """One stream chunk of choice `index`; a chat's first one also names the role.
+        `usage`: the counts so far (vLLM's continuous_usage_stats)."""
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        body = self._envelope([self._choice(index, text, finish_reason, logprobs, delta)], True)
+        return body | {"usage": usage} if usage is not None else body
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope([], chunk=True)
         body["usage"] = usage
         return body
 
-    def whole(
-        self, text: str, finish_reason: str, logprobs: Any, usage: dict[str, int]
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        body = self._envelope([choice], chunk=False)
+    def whole(self, choices: list[tuple[str, str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+        """The response of every choice, each (text, finish_reason, logprobs), in index order."""
+        listed = [
+            self._choice(index, text, finish, logprobs)
+            for index, (text, finish, logprobs) in enumerate(choices)
+        ]
+        body = self._envelope(listed, chunk=False)
         body["usage"] = usage
         return body
 

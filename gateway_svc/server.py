@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 
@@ -12,9 +13,9 @@ from aiohttp import web
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
-from turnstile.gateway_svc.openai_api import model_sampling_defaults
+from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
-from turnstile.shared.tokenizer import Tokenizer
+from turnstile.shared.tokenizer import Tokenizer, read_template
 from turnstile.shared.zmq_io import scheduler_addresses
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ DRAIN_SECONDS = 60.0
 async def _serve(config: GatewayServiceConfig) -> None:
     model, settings = resolve_model_path(config.engine.model), config.gateway
     info = read_model_info(model)
+    if settings.chat_template is not None:
+        info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))
     auto = settings.generation_config == "auto"
     sampling_defaults = model_sampling_defaults(info.sampling_defaults) if auto else None
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
@@ -32,8 +35,9 @@ async def _serve(config: GatewayServiceConfig) -> None:
     gateway = Gateway(
         engine,
         Tokenizer(model, info),
-        served_name(model),
+        settings.served_model_name or [served_name(model)],
         min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
+        config.engine.block_size,
         settings.api_key,
         sampling_defaults,
     )

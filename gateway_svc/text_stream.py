@@ -7,9 +7,17 @@ from turnstile.shared.tokenizer import Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stop_strings: list[str]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop_strings: list[str],
+        skip_special_tokens: bool = True,
+        include_stop_str: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
+        self.skip_special_tokens = skip_special_tokens
+        self.include_stop_str = include_stop_str
         self.token_ids: list[int] = []
         self.text = ""  # everything decoded so far, stop string excluded once found
         self.emitted = 0  # characters of `text` already handed out
@@ -22,9 +30,9 @@ class TextStream:
         """Append a token; returns the text that is now safe to emit."""
         self.token_ids.append(token_id)
         tokens = self.token_ids
-        decode = self.tokenizer.decode
-        prefix = decode(tokens[self._prefix_offset : self._read_offset])
-        full = decode(tokens[self._prefix_offset :])
+        skip, decode = self.skip_special_tokens, self.tokenizer.decode
+        prefix = decode(tokens[self._prefix_offset : self._read_offset], skip)
+        full = decode(tokens[self._prefix_offset :], skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""  # an incomplete UTF-8 sequence, or nothing visible yet
         self.text += full[len(prefix) :]
@@ -40,9 +48,13 @@ class TextStream:
     def _release(self, final: bool) -> str:
         if self.stop_strings and not self.stopped:
             window = max(self.emitted - self._hold, 0)
-            found = [i for s in self.stop_strings if (i := self.text.find(s, window)) >= 0]
+            found = [
+                (i, i + len(s) if self.include_stop_str else i)
+                for s in self.stop_strings
+                if (i := self.text.find(s, window)) >= 0
+            ]
             if found:
-                self.text = self.text[: min(found)]
+                self.text = self.text[: min(found)[1]]
                 self.stopped = True
         end = len(self.text) if final or self.stopped else len(self.text) - self._hold
         if end <= self.emitted:

@@ -84,3 +84,25 @@ def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:
         raise ValueError("seed must fit in 64 bits")
     if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
         raise ValueError(f"logprobs must lie in [0, {MAX_LOGPROBS}]")
+    _check_adjustments(sampling, vocab_size)
+
+
+def _check_adjustments(sampling: SamplingParams, vocab_size: int) -> None:
+    """The logits adjustments' bounds, as the gateway's types state them."""
+    ranges = {
+        "min_p": (sampling.min_p, 0.0, 1.0),
+        "repetition_penalty": (sampling.repetition_penalty, 1e-9, 2.0),
+        "frequency_penalty": (sampling.frequency_penalty, -2.0, 2.0),
+        "presence_penalty": (sampling.presence_penalty, -2.0, 2.0),
+    }
+    for name, (value, low, high) in ranges.items():
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"{name} must lie in [{low:g}, {high:g}]")
+    if not all(math.isfinite(v) and abs(v) <= 100 for _, v in sampling.logit_bias):
+        raise ValueError("logit_bias values must lie in [-100, 100]")
+    if len(sampling.allowed_token_ids) > vocab_size or sampling.min_tokens < 0:
+        raise ValueError("allowed_token_ids is longer than the vocabulary, or min_tokens < 0")
+    ids = [t for t, _ in sampling.logit_bias] + sampling.allowed_token_ids
+    ids += sampling.min_tokens_stop_ids + [t for word in sampling.bad_words for t in word]
+    if any(not 0 <= t < vocab_size for t in ids) or not all(sampling.bad_words):
+        raise ValueError(f"logit_bias, allowed_token_ids, bad_words: ids in [0, {vocab_size})")

@@ -67,10 +67,8 @@ class SchedulerService:
     def serve_forever(self) -> None:
         serve_metrics(self.config.metrics)
         poller = zmq.Poller()
-        for socket in (
-            self.gateways.socket, self.gateways.disconnects, self.link.socket,
-            self.link.disconnects,
-        ):  # fmt: skip
+        sockets = (self.gateways.socket, self.gateways.disconnects, self.link.socket)
+        for socket in (*sockets, self.link.disconnects):
             poller.register(socket, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(timeout=int(STATUS_INTERVAL * 1000)))
@@ -281,6 +279,7 @@ class SchedulerService:
             num_running=len(scheduler.batch) if scheduler else 0,
             num_waiting=scheduler.num_waiting if scheduler else 0,
             kv_cache_usage=pool.num_used / pool.num_blocks if pool else 0.0,
+            num_blocks=pool.num_blocks if pool else 0,
         )
         gone = self.gateways.broadcast(status)
         if gone and scheduler is not None:

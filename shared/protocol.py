@@ -38,6 +38,15 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     top_k: int = 0
     seed: int | None = None
     logprobs: int | None = None  # None: none; N: the sampled token's and the top N
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: list[tuple[int, float]] = []
+    allowed_token_ids: list[int] = []
+    bad_words: list[list[int]] = []  # token sequences, the last token banned after the rest
+    min_tokens: int = 0
+    min_tokens_stop_ids: list[int] = []  # banned while fewer than min_tokens are generated
 
 
 class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -172,6 +181,7 @@ class SchedulerStatus(msgspec.Struct, array_like=True, frozen=True, tag=8):
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+    num_blocks: int = 0  # the KV cache's size, once an executor has registered
 
 
 ToScheduler = AddRequest | AbortRequest | Heartbeat

@@ -83,15 +83,24 @@ def add_settings(parser: argparse.ArgumentParser, cls: type) -> None:
         options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
         if hint is bool:
             options["action"] = argparse.BooleanOptionalAction
+        elif _is_list(hint):
+            options["nargs"] = "+"
+            options["metavar"] = field.name.split("_")[-1].upper()
         else:
             options["choices"] = _choices(hint)
             options["metavar"] = None if options["choices"] else field.name.split("_")[-1].upper()
         groups[owner].add_argument(flag(field.name), **options)
 
 
+def _is_list(hint: Any) -> bool:
+    return any(typing.get_origin(arg) is list for arg in (hint, *typing.get_args(hint)))
+
+
 def _convert(value: Any, hint: Any, source: str) -> Any:
     if isinstance(value, str) and _optional(hint) and value.lower() in ("", "none", "null"):
         return None
+    if isinstance(value, str) and _is_list(hint):
+        value = value.split()  # a variable holds a list as words
     try:
         return msgspec.convert(value, hint, strict=not isinstance(value, str))
     except msgspec.ValidationError as exc:

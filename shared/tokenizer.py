@@ -45,32 +45,64 @@ class Tokenizer:
         if info.chat_template:
             self._template = chat_environment().from_string(info.chat_template)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`add_special_tokens`: what the tokenizer adds around a text (Llama's BOS)."""
         # The batch call releases the GIL (encode holds it), so a gateway thread tokenizing a
         # long prompt leaves its event loop running.
-        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.backend.decode(token_ids, skip_special_tokens=True)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The conversation as the model's template writes it; a template that refuses it (its
-        `raise_exception`, as Mistral's on roles that do not alternate) raises ValueError with
-        the template's own message."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
+        """The conversation as the model's template writes it, as transformers'
+        `apply_chat_template` does. A template that refuses it (its `raise_exception`, as
+        Mistral's on roles that do not alternate) raises ValueError with its own message.
+        `continue_final_message`: the text ends inside the last message, for the model to go on."""
         if self._template is None:
             raise ValueError("this model has no chat template")
+        variables = {
+            "bos_token": self.token_text(self.info.bos_token_id),
+            "eos_token": self.token_text(self.info.eos_token_id),
+            **template_kwargs,
+        }
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=True,
-                bos_token=self.token_text(self.info.bos_token_id),
-                eos_token=self.token_text(self.info.eos_token_id),
+            text = self._template.render(
+                variables, messages=messages, add_generation_prompt=add_generation_prompt
             )
-        except jinja2.TemplateError as exc:
+        except Exception as exc:  # whatever the request makes the template raise
             raise ValueError(f"the chat template refused the messages: {exc}") from None
+        if continue_final_message:
+            final = messages[-1].get("content") or ""
+            at = text.rfind(final.strip()) if final.strip() else -1
+            if at < 0:
+                raise ValueError("continue_final_message: the template does not write the last "
+                                 "message's text")  # fmt: skip
+            # Its trailing spaces too where the template kept them, as transformers does.
+            kept = text[at : at + len(final.lstrip())] == final
+            text = text[: at + len(final.lstrip() if kept else final.strip())]
+        return text
+
+
+def read_template(template: str) -> str:
+    """A chat template given as a file's path, or as the template itself (as vLLM's
+    --chat-template); a path that names no file is a clear error, not a template."""
+    path = Path(template)
+    if any(mark in template for mark in ("{{", "{%")):
+        return template
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template: cannot read {template}: {exc.strerror}") from None
 
 
 def _raise_exception(message: str) -> None:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile.gateway_svc.openai_api import (
-    CompletionRequest,
-    engine_request,
-    model_sampling_defaults,
-    parse,
-)
+from turnstile.gateway_svc.openai_api import engine_request, parse
+from turnstile.gateway_svc.request_types import CompletionRequest
+from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.tokenizer import Tokenizer
 
 MODEL_DEFAULTS = {"temperature": 0.6, "top_k": 20}  # as a generation_config.json gives them
 
 
 def sampling_of(body: bytes, defaults: dict[str, float] | None) -> tuple[float, float, int]:
+    path = embedded_model_path()
+    tokenizer = Tokenizer(path, read_model_info(path))
     request = parse(body, CompletionRequest)
-    sampling = engine_request(request, [1, 2, 3], 64, defaults).sampling
+    sampling = engine_request(request, [1, 2, 3], 64, tokenizer, defaults).sampling
     return sampling.temperature, sampling.top_p, sampling.top_k
 
 
@@ -28,11 +29,11 @@ def test_fields_a_request_leaves_out_take_the_models_defaults_else_neutral_value
     assert sampling_of(given, MODEL_DEFAULTS) == (0.0, 0.5, 0)
 
 
-def test_a_model_default_we_would_not_apply_is_refused_by_name() -> None:
-    found = {"temperature": 0.7, "repetition_penalty": 1.0, "min_p": 0.0}
-    assert model_sampling_defaults(found) == {"temperature": 0.7}  # no-op values pass
+def test_a_model_default_outside_the_requests_ranges_is_refused_by_name() -> None:
+    found = {"temperature": 0.7, "repetition_penalty": 1.05, "min_p": 0.1}
+    assert model_sampling_defaults(found) == found
     with pytest.raises(ValueError, match="repetition_penalty"):
-        model_sampling_defaults({"temperature": 0.7, "repetition_penalty": 1.05})
+        model_sampling_defaults({"temperature": 0.7, "repetition_penalty": 3.0})
 
 
 TEMPLATE = (
@@ -52,7 +53,9 @@ def test_chat_templates_render_as_transformers_renders_them() -> None:
 
     import transformers
 
-    from turnstile.gateway_svc.openai_api import ApiError, ChatCompletionRequest, prompt_of
+    from turnstile.gateway_svc.errors import ApiError
+    from turnstile.gateway_svc.openai_api import prompts_of
+    from turnstile.gateway_svc.request_types import ChatCompletionRequest
     from turnstile.shared.model_info import embedded_model_path, read_model_info
     from turnstile.shared.tokenizer import Tokenizer
 
@@ -74,9 +77,42 @@ def test_chat_templates_render_as_transformers_renders_them() -> None:
     assert '"Sé breve <b>"' in expected  # tojson as transformers': no ASCII or HTML escapes
     body = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}'
     try:
-        prompt_of(parse(body, ChatCompletionRequest), ours)
+        prompts_of(parse(body, ChatCompletionRequest), ours)
     except ApiError as exc:
         assert exc.status == 400
         assert "System messages must come first, not at 2" in exc.message
     else:
         raise AssertionError("the template's raise_exception did not refuse the request")
+
+
+@pytest.mark.parametrize(
+    ("generation_prompt", "continue_final", "kwargs", "ending"),
+    [
+        (True, False, {"enable_thinking": True}, "<|assistant|>T2"),  # then the year
+        (False, True, {}, '"Well,'),  # inside the last message, for the model to go on
+        (False, False, {"x": 1}, '"Well, "<|im_end|>'),
+    ],
+)
+def test_chat_options_render_as_transformers_renders_them(
+    generation_prompt: bool, continue_final: bool, kwargs: dict, ending: str
+) -> None:
+    import dataclasses
+
+    import transformers
+
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import Tokenizer
+
+    template = TEMPLATE.replace("<|assistant|>", "<|assistant|>{{ 'T' if enable_thinking }}")
+    path = embedded_model_path()
+    info = dataclasses.replace(read_model_info(path), chat_template=template)
+    ours = Tokenizer(path, info)
+    eos = ours.token_text(info.eos_token_id)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_object=ours.backend, eos_token=eos)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well, "}]
+    options = dict(add_generation_prompt=generation_prompt, continue_final_message=continue_final)
+    expected = theirs.apply_chat_template(
+        messages, chat_template=template, tokenize=False, **options, **kwargs
+    )
+    assert ours.render_chat(messages, **options, **kwargs) == expected
+    assert ending in expected[-len(ending) - 4 :]

@@ -80,7 +80,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.lengths[req_id] = 10**6 if ignore_eos else script_len
         self.limits[req_id] = min(max_tokens, self.config.max_model_len - len(prompt))
         try:
-            self.harness.add(req_id, prompt, max_tokens, priority, ignore_eos)
+            by_priority = self.config.scheduling.policy == "priority"  # fcfs refuses one
+            self.harness.add(req_id, prompt, max_tokens, priority * by_priority, ignore_eos)
         except ValueError:
             self.refused.add(req_id)
 
@@ -149,7 +150,8 @@ def test_preemption_happens_under_pressure_and_outputs_stay_exact(
         ahead,
     )
     for i in range(6):
-        harness.add(i, [3 + (seed + i) % 50] * (5 + i % 3), max_tokens=30, priority=i % 3)
+        priority = i % 3 if policy == "priority" else 0  # fcfs refuses a priority
+        harness.add(i, [3 + (seed + i) % 50] * (5 + i % 3), max_tokens=30, priority=priority)
     harness.run()
     assert harness.scheduler.stats.num_preemptions > 0
     for i in range(6):

@@ -9,15 +9,10 @@ from pathlib import Path
 import msgspec
 
 from turnstile.executor_svc.runner_config import RunnerConfig
-from turnstile.gateway_svc.openai_api import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    engine_request,
-    model_sampling_defaults,
-    parse,
-    prompt_of,
-)
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.openai_api import engine_request, hidden_token_ids, parse, prompts_of
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.gateway_svc.text_stream import TextStream
 from turnstile.offline import OfflineEngine
 from turnstile.shared.config import SchedulingConfig
@@ -40,19 +35,29 @@ def generate_file(
         kind = ChatCompletionRequest if "messages" in record else CompletionRequest
         try:
             request = parse(line.encode(), kind)
-            prompt_ids = prompt_of(request, tokenizer)
-            message = engine_request(request, prompt_ids, engine.runner.max_model_len, defaults)
+            prompts = prompts_of(request, tokenizer)
+            if len(prompts) > 1 or (request.n or 1) > 1:
+                raise ApiError(400, "generate runs one prompt and one choice per line")
+            message = engine_request(
+                request, prompts[0], engine.runner.max_model_len, tokenizer, defaults
+            )
         except ApiError as exc:
             record.update(token_ids=[], text="", finish_reason="error", error=exc.message)
             continue
         parsed.append((number, request))
         messages.append(msgspec.structs.replace(message, req_id=len(messages)))
     for (number, request), result in zip(parsed, engine.generate(messages), strict=True):
-        text = TextStream(tokenizer, request.stop_strings)
+        text = TextStream(
+            tokenizer,
+            request.stop_strings,
+            request.skip_special_tokens,
+            request.include_stop_str_in_output,
+        )
         pieces, kept = [], []
+        hidden = hidden_token_ids(request, tokenizer.info.all_eos_token_ids)
         for token in result.token_ids:
             kept.append(token)
-            pieces.append(text.add(token))
+            pieces.append("" if token in hidden else text.add(token))
             if text.stopped:
                 break
         pieces.append(text.finish())

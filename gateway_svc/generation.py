@@ -1,0 +1,220 @@
+"""One generation request, from its parsed body to the HTTP answer: each of its prompts (a
+completions request may hold several) runs as `n` engine requests, the choices, streamed back
+together or answered whole.
+
+The `n` choices of a prompt share its KV blocks: the first runs alone until its prompt is
+computed (its first token arrives), then the others start and find the prompt's full blocks in
+the prefix cache, so the prompt is computed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.responses import ResponseShape
+from turnstile.gateway_svc.text_stream import TextStream
+from turnstile.shared.protocol import AddRequest
+from turnstile.shared.tokenizer import Tokenizer
+
+Request = CompletionRequest | ChatCompletionRequest
+Logprobs = list[list[tuple[int, float]]]
+# How a refusal from the scheduler reaches the client: status, OpenAI error type, headers.
+_REFUSALS = {
+    "error": (400, "invalid_request_error", {}),
+    "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
+    "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
+    "timeout": (504, "timeout", {}),
+    "failed": (500, "server_error", {}),
+}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(slots=True)
+class Piece:
+    """Text of choice `index` that became safe to send, with its tokens' logprobs."""
+
+    index: int
+    text: str
+    logprobs: Logprobs
+    finish_reason: str | None = None
+
+
+class Choice:
+    """One answer: its engine request, its text so far and the latency series it feeds."""
+
+    def __init__(self, index: int, request: Request, tokenizer: Tokenizer, hidden: frozenset[int],
+                 arrival: float) -> None:  # fmt: skip
+        self.index = index
+        self.text = TextStream(
+            tokenizer,
+            request.stop_strings,
+            request.skip_special_tokens,
+            request.include_stop_str_in_output,
+        )
+        self.hidden = hidden  # stop tokens, whose text is not shown
+        self.stream: RequestStream | None = None
+        self.tokens = 0
+        self._last = arrival
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        histogram = metrics.INTER_TOKEN_LATENCY if self.tokens else metrics.TIME_TO_FIRST_TOKEN
+        histogram.observe(now - self._last)
+        self._last = now
+        self.tokens += 1
+        metrics.GATEWAY_GENERATION_TOKENS.inc()
+
+
+class Generation:
+    """The choices of one request, run on `engine` and merged into one stream of pieces."""
+
+    def __init__(self, engine: EngineClient, request: Request, prompt_tokens: int) -> None:
+        self.engine = engine
+        self.request = request
+        self.prompt_tokens = prompt_tokens
+        self.choices: list[Choice] = []
+        self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, message: AddRequest, choices: list[Choice], echo: str = "") -> None:
+        """Run `message` as `choices`, the first alone until its prompt is computed. `echo`:
+        text each choice starts with (the prompt, for completions' `echo`)."""
+        self.choices += choices
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._run(message, choices[0], choices[1:], echo)
+        ))  # fmt: skip
+
+    def close(self) -> None:
+        """Stop whatever still runs (a no-op for choices that ended)."""
+        for task in self._tasks:
+            task.cancel()
+        for choice in self.choices:
+            if choice.stream is not None:
+                self.engine.abort(choice.stream)
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(choice.tokens for choice in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Every choice's pieces as they come, until each has given its last."""
+        open_choices = len(self.choices)
+        while open_choices:
+            piece = await self._pieces.get()
+            if isinstance(piece, ApiError):
+                raise piece
+            open_choices -= piece.finish_reason is not None
+            yield piece
+
+    async def _run(self, message: AddRequest, first: Choice, rest: list[Choice], echo: str) -> None:
+        try:
+            await self._pump(first, message, echo, rest)
+        except ApiError as exc:
+            self._pieces.put_nowait(exc)
+
+    async def _pump(
+        self, choice: Choice, message: AddRequest, echo: str, siblings: list[Choice]
+    ) -> None:
+        if echo:
+            self._pieces.put_nowait(Piece(choice.index, echo, []))
+        choice.stream = stream = self.engine.submit(message)
+        entries: Logprobs = []
+        text = choice.text
+        while True:
+            event = await stream.events.get()
+            if siblings and not (isinstance(event, End) and event.reason in _REFUSALS):
+                # The prompt is computed: the other choices start on its cached blocks.
+                for offset, sibling in enumerate(siblings, start=1):
+                    self._tasks.append(asyncio.get_running_loop().create_task(
+                        self._run(with_seed_offset(message, offset), sibling, [], echo)
+                    ))  # fmt: skip
+                siblings = []
+            if isinstance(event, End):
+                if event.reason in _REFUSALS:
+                    status, kind, headers = _REFUSALS[event.reason]
+                    raise ApiError(status, event.error, kind, headers=headers)
+                finish = "stop" if event.reason == "stop" else event.reason
+                self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish))
+                return
+            choice.token()
+            if event.logprobs:
+                entries.append(event.logprobs)
+            piece = "" if event.token_id in choice.hidden else text.add(event.token_id)
+            if text.stopped:
+                self.engine.abort(stream)
+                self._pieces.put_nowait(Piece(choice.index, piece, entries, "stop"))
+                return
+            if piece:
+                self._pieces.put_nowait(Piece(choice.index, piece, entries))
+                entries = []
+
+
+def with_seed_offset(message: AddRequest, offset: int) -> AddRequest:
+    """Choice `offset` of a seeded request draws from seed + offset (as vLLM), so the choices
+    differ and each is reproducible."""
+    seed = message.sampling.seed
+    if seed is None:
+        return message
+    sampling = msgspec.structs.replace(message.sampling, seed=(seed + offset) % 2**63)
+    return msgspec.structs.replace(message, sampling=sampling)
+
+
+async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Response:
+    count = len(generation.choices)
+    texts: list[list[str]] = [[] for _ in range(count)]
+    entries: list[Logprobs] = [[] for _ in range(count)]
+    finish = ["stop"] * count
+    async for piece in generation.pieces():
+        texts[piece.index].append(piece.text)
+        entries[piece.index] += piece.logprobs
+        finish[piece.index] = piece.finish_reason or finish[piece.index]
+    choices = [("".join(texts[i]), finish[i], shape.logprobs(entries[i], 0)) for i in range(count)]
+    body = shape.whole(choices, generation.usage())
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def answer_stream(
+    http: web.Request, shape: ResponseShape, generation: Generation, request: Request
+) -> web.StreamResponse:
+    options = request.stream_options
+    pieces = generation.pieces()
+    # The first piece is awaited before answering, so a refused request still gets its
+    # proper HTTP status instead of an error inside a 200 stream.
+    piece: Piece | None = await anext(pieces)
+    response = web.StreamResponse(headers=_SSE_HEADERS)
+    await response.prepare(http)
+    offsets = [0] * len(generation.choices)
+    started = [False] * len(generation.choices)
+    try:
+        while piece is not None:
+            i = piece.index
+            logprobs = shape.logprobs(piece.logprobs, offsets[i])
+            offsets[i] += len(piece.text)
+            usage = generation.usage() if options and options.continuous_usage_stats else None
+            chunk = shape.chunk(i, piece.text, piece.finish_reason, logprobs, not started[i], usage)
+            started[i] = True
+            await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+            piece = await anext(pieces, None)
+    except ApiError as exc:
+        await response.write(b"data: " + msgspec.json.encode(exc.body()) + b"\n\n")
+    if options and options.include_usage:
+        chunk = shape.usage_chunk(generation.usage())
+        await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

@@ -1,0 +1,241 @@
+"""OpenAI request bodies as msgspec Structs. Decoding validates them: a field no Struct declares
+is refused by name, and a declared field Turnstile does not implement is refused unless it holds
+its no-op value (`REFUSED`). The OpenAPI document is generated from these types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+from msgspec import Meta
+
+from turnstile.gateway_svc.errors import ApiError
+
+MAX_STOP_STRINGS = 8
+MAX_PROMPTS = 256  # in one completions request
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI's limit
+PRIORITY_LIMIT = 1 << 20  # the scheduler packs (priority, arrival) into one int64
+
+TokenCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Logprobs = Annotated[int, Meta(ge=0, le=20)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+# Accepted for compatibility and not used: hints for OpenAI's own billing, storage and abuse
+# tracking, which a self-hosted server has no use for.
+Unused = Annotated[Any, Meta(description="accepted and not used")]
+
+
+def refused(no_op: str) -> Any:
+    return Annotated[Any, Meta(description=f"not supported: refused unless {no_op}")]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # Fields declared below that Turnstile refuses unless they hold one of these no-op values
+    # (None, a field left out, always passes).
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "best_of": (1,),
+        "use_beam_search": (False,),
+        "length_penalty": (1.0,),
+        "truncate_prompt_tokens": (),
+        "prompt_logprobs": (),
+        "response_format": ({"type": "text"},),
+        "structured_outputs": (),
+        "guided_json": (),
+        "guided_regex": (),
+        "guided_choice": (),
+        "guided_grammar": (),
+        "store": (False,),
+    }
+
+    model: str | None = None
+    max_tokens: TokenCount | None = None
+    # Unset: the model's generation_config.json default (--generation-config auto), else neutral.
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]],
+                          Meta(max_length=MAX_LOGIT_BIAS)] | None = None  # fmt: skip
+    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
+    bad_words: list[str] | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    # Only the slow (Python) tokenizers tell spaces between special tokens; ours are fast.
+    spaces_between_special_tokens: bool = True
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    priority: Annotated[int, Meta(ge=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)] = 0
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    best_of: refused("1") = None
+    use_beam_search: refused("false") = None
+    length_penalty: refused("1") = None
+    truncate_prompt_tokens: refused("null") = None
+    prompt_logprobs: refused("null") = None
+    response_format: refused('{"type": "text"}') = None
+    structured_outputs: refused("null") = None
+    guided_json: refused("null") = None
+    guided_regex: refused("null") = None
+    guided_choice: refused("null") = None
+    guided_grammar: refused("null") = None
+    store: refused("false") = None
+    user: Unused = None
+    metadata: Unused = None
+    service_tier: Unused = None
+    safety_identifier: Unused = None
+    prompt_cache_key: Unused = None  # a routing hint; prefix caching needs none
+
+    def check(self) -> None:
+        """What the types cannot say."""
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options needs stream: true", param="stream_options")
+        for name, no_ops in self.REFUSED.items():
+            value = getattr(self, name)
+            if value is not None and value not in no_ops:
+                raise ApiError(
+                    400, f"{name} is not supported by this server", code="unsupported_parameter",
+                    param=name,
+                )  # fmt: skip
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_Sampling.REFUSED, "suffix": ("",), "return_tokens_as_token_ids": (False,)
+    }  # fmt: skip
+    DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's and vLLM's, for completions
+
+    prompt: str | Annotated[list[int | str | list[int]], Meta(min_length=1)]
+    logprobs: Logprobs | None = None
+    echo: bool = False  # the prompt's text before each choice's
+    suffix: refused("null") = None
+    return_tokens_as_token_ids: refused("false") = None
+    add_special_tokens: bool = True  # the tokenizer's BOS, as vLLM
+
+    def check(self) -> None:
+        super().check()
+        if self.echo and self.logprobs is not None:
+            raise ApiError(
+                400, "echo with logprobs needs the prompt's logprobs, which this server does not "
+                "compute", code="unsupported_parameter", param="echo",
+            )  # fmt: skip
+        if isinstance(self.prompt, list) and len({type(p) for p in self.prompt}) > 1:
+            raise ApiError(
+                400, "prompt must be a string, a list of token ids, or a list of either",
+                param="prompt",
+            )  # fmt: skip
+        if len(self.prompts()) > MAX_PROMPTS:
+            raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request", param="prompt")
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: a text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return prompt  # type: ignore[return-value]
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True):
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_Sampling.REFUSED,
+        "tools": ([],),
+        "tool_choice": ("none",),
+        "functions": ([],),
+        "function_call": ("none",),
+        "audio": (),
+        "modalities": (["text"],),
+        "prediction": (),
+        "reasoning_effort": (),
+        "verbosity": (),
+        "web_search_options": (),
+        "chat_template": (),
+        "documents": (),
+        "echo": (False,),
+        "moderation": (),
+        "prompt_cache_options": (),
+        "prompt_cache_retention": ("in_memory",),  # what a prefix cache in memory gives
+    }
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool = False
+    top_logprobs: Logprobs | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template writes the special tokens, as vLLM
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: refused("empty") = None
+    tool_choice: refused('"none"') = None
+    parallel_tool_calls: Unused = None  # tools are refused, so there is nothing to parallelise
+    functions: refused("empty") = None
+    function_call: refused('"none"') = None
+    audio: refused("null") = None
+    modalities: refused('["text"]') = None
+    prediction: refused("null") = None
+    reasoning_effort: refused("null") = None
+    verbosity: refused("null") = None
+    web_search_options: refused("null") = None
+    chat_template: refused("null (serve with --chat-template)") = None
+    documents: refused("null") = None
+    echo: refused("false") = None
+    moderation: refused("null") = None
+    prompt_cache_options: refused("null") = None
+    prompt_cache_retention: refused('"in_memory"') = None
+
+    def check(self) -> None:
+        super().check()
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(
+                400, "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message",
+            )  # fmt: skip
+
+
+# vLLM's /tokenize and /detokenize
+
+
+class TokenizeCompletion(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    prompt: str
+    model: str | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    model: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class Detokenize(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tokens: list[TokenId]
+    model: str | None = None

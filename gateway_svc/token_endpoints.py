@@ -1,0 +1,47 @@
+"""vLLM's `/tokenize`, `/detokenize` and `/version`, shaped as vLLM answers them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import version
+
+from aiohttp import web
+
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.openai_api import chat_text, parse_body
+from turnstile.gateway_svc.request_types import Detokenize, TokenizeChat, TokenizeCompletion
+from turnstile.shared.tokenizer import Tokenizer
+
+
+class TokenEndpoints:
+    def __init__(
+        self, tokenizer: Tokenizer, max_model_len: int, check_model: Callable[[str | None], None]
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.check_model = check_model
+
+    async def tokenize(self, http: web.Request) -> web.Response:
+        body = await http.read()
+        chat = b'"messages"' in body  # as a key: inside a JSON string its quotes are escaped
+        request = parse_body(body, TokenizeChat if chat else TokenizeCompletion)
+        self.check_model(request.model)
+        text = chat_text(request, self.tokenizer) if chat else request.prompt
+        ids = self.tokenizer.encode(text, request.add_special_tokens)
+        strs = [self.tokenizer.token_text(t) for t in ids] if request.return_token_strs else None
+        return web.json_response(
+            {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+             "token_strs": strs}
+        )  # fmt: skip
+
+    async def detokenize(self, http: web.Request) -> web.Response:
+        request = parse_body(await http.read(), Detokenize)
+        self.check_model(request.model)
+        if any(t >= self.tokenizer.vocab_size for t in request.tokens):
+            raise ApiError(
+                400, f"token ids must lie in [0, {self.tokenizer.vocab_size})", param="tokens"
+            )
+        return web.json_response({"prompt": self.tokenizer.decode(request.tokens)})
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": version("turnstile")})

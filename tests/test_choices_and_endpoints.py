@@ -1,0 +1,178 @@
+"""What the gateway itself does with a request, through the running service and the official
+openai client: n choices (sharing the prompt's KV blocks), several prompts, echo, stop text,
+max_tokens defaults, the token endpoints, served names and a chat template file."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import openai
+import pytest
+from conftest import MODEL
+
+from turnstile.bench.server_process import Server, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack
+
+
+@pytest.fixture(scope="module")
+def root(service: Server) -> openai.OpenAI:
+    """For vLLM's endpoints outside /v1."""
+    return openai.OpenAI(base_url=service.url, api_key="unused", max_retries=0)
+
+
+def test_max_tokens_defaults_as_vllm(
+    service: Server, client: openai.OpenAI, root: openai.OpenAI
+) -> None:
+    completion = client.completions.create(
+        model=MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage.completion_tokens == 16  # completions: 16, as OpenAI
+    # Chat: the rest of the context, here bounded by the KV cache (256 blocks of 16 tokens).
+    room = 40
+    messages = [{"role": "user", "content": "hi " * (256 * 16 - room)}]
+    counted = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
+    messages[0]["content"] = "hi " * (256 * 16 - room - (counted - (256 * 16 - room)))
+    prompt = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert chat.usage.prompt_tokens == prompt and chat.choices[0].finish_reason == "length"
+    assert chat.usage.completion_tokens == 256 * 16 - prompt > 16
+
+
+def test_n_choices_differ_by_seed_and_several_prompts_come_in_order(
+    client: openai.OpenAI,
+) -> None:
+    seeded = dict(model=MODEL, prompt="My favourite fruit is", max_tokens=8, temperature=1.0)
+    many = client.completions.create(**seeded, n=3, seed=11)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    texts = [c.text for c in many.choices]
+    assert len(set(texts)) > 1  # each choice draws its own tokens
+    alone = client.completions.create(**seeded, seed=11)
+    assert alone.choices[0].text == texts[0]  # choice 0 is the request's own seed
+    assert many.usage.completion_tokens == sum(
+        len(c.logprobs.tokens) for c in client.completions.create(**seeded, n=3, seed=11,
+                                                                    logprobs=0).choices
+    )  # fmt: skip
+    prompts = ["One, two,", "Red, green,"]
+    both = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):
+        single = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+        assert both.choices[2 * i].text == both.choices[2 * i + 1].text == single.choices[0].text
+    streamed = client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=4, temperature=0, stream=True
+    )
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [both.choices[0].text, both.choices[2].text]
+
+
+def settled(service: Server) -> dict[str, float]:
+    """The scheduler's series once they stop changing (it publishes them twice a second)."""
+    last = service.scrape()
+    while True:
+        time.sleep(0.6)
+        now = service.scrape()
+        if now == last:
+            return now
+        last = now
+
+
+def test_n_choices_compute_the_prompt_once(service: Server, client: openai.OpenAI) -> None:
+    prompt = list(range(1000, 3000))  # 2,000 token ids
+    before = settled(service)
+    answer = client.completions.create(
+        model=MODEL, prompt=prompt, n=4, max_tokens=4, temperature=1.0, seed=3
+    )
+    after = settled(service)
+    assert len(answer.choices) == 4
+    looked_up = (
+        after["turnstile:prefix_cache_queries_total"]
+        - before["turnstile:prefix_cache_queries_total"]
+    )
+    found = after["turnstile:prefix_cache_hits_total"] - before["turnstile:prefix_cache_hits_total"]
+    computed = looked_up - found
+    # Once in full, then each other choice only its last block (at least one token computes).
+    assert len(prompt) <= computed <= len(prompt) + 3 * 16, (looked_up, found)
+
+
+def test_n_beyond_the_kv_cache_is_refused_by_name(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refusal:
+        client.completions.create(model=MODEL, prompt="Hi", n=64, max_tokens=1000)
+    assert refusal.value.body["param"] == "n" and "KV blocks" in refusal.value.body["message"]
+
+
+def test_echo_and_stop_text(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL, prompt="Count: one, two, three,", max_tokens=12, temperature=0)
+    plain = client.completions.create(**args).choices[0].text
+    echoed = client.completions.create(**args, echo=True).choices[0].text
+    assert echoed == args["prompt"] + plain
+    stop = plain[4:7]
+    cut = client.completions.create(
+        **args, stop=[stop], extra_body={"include_stop_str_in_output": True}
+    )
+    assert cut.choices[0].text == plain[: plain.index(stop) + len(stop)]
+
+
+def test_stop_token_text_is_shown_only_when_asked(
+    client: openai.OpenAI, root: openai.OpenAI
+) -> None:
+    args = dict(model=MODEL, prompt="Count: one, two, three,", max_tokens=12, temperature=0)
+    assert "," in client.completions.create(**args).choices[0].text
+    [comma] = root.post("/tokenize", cast_to=object, body={"prompt": ","})["tokens"]
+    hidden = client.completions.create(**args, extra_body={"stop_token_ids": [comma]})
+    shown = client.completions.create(
+        **args, extra_body={"stop_token_ids": [comma], "include_stop_str_in_output": True}
+    )
+    assert hidden.choices[0].finish_reason == shown.choices[0].finish_reason == "stop"
+    assert shown.choices[0].text == hidden.choices[0].text + ","
+
+
+def test_tokenize_detokenize_and_version(client: openai.OpenAI, root: openai.OpenAI) -> None:
+    tokens = root.post("/tokenize", cast_to=object, body={"prompt": "Hello there"})
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] > 0
+    text = root.post("/detokenize", cast_to=object, body={"tokens": tokens["tokens"]})
+    assert text == {"prompt": "Hello there"}
+    chat = root.post(
+        "/tokenize", cast_to=object,
+        body={"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": True},
+    )  # fmt: skip
+    answered = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    assert chat["count"] == answered.usage.prompt_tokens == len(chat["token_strs"])
+    with pytest.raises(openai.BadRequestError):
+        root.post("/detokenize", cast_to=object, body={"tokens": [10**9]})
+    assert root.get("/version", cast_to=object)["version"]
+
+
+def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
+    template = tmp_path / "template.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    with launched_server(
+        "--served-model-name", "first", "org/second", "--chat-template", str(template),
+        "--num-blocks", "64",
+    ) as server:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["first", "org/second"]
+        answer = client.chat.completions.create(
+            model="org/second", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+        )
+        assert answer.model == "first"
+        root = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        rendered = root.post(
+            "/tokenize", cast_to=object,
+            body={"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": True},
+        )  # fmt: skip
+        text = root.post("/detokenize", cast_to=object, body={"tokens": rendered["tokens"]})
+        assert text["prompt"] == "[user] Hi\n[assistant]"
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)

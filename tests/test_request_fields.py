@@ -1,0 +1,164 @@
+"""Every request field is honoured or refused with a 400 naming it (never a silent 200),
+checked with the official openai client against the running service; and the fields the
+gateway itself honours: n, several prompts, echo, stop text, max_tokens defaults, names."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import msgspec
+import openai
+import pytest
+from conftest import MODEL
+from openai.types import completion_create_params as completion_params
+from openai.types.chat import completion_create_params as chat_params
+
+from turnstile.bench.server_process import Server
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
+
+pytestmark = pytest.mark.slow  # starts a stack
+
+OK, REFUSED = "honoured", "refused"
+FCFS = "refused under the default policy"  # honoured with --policy priority
+# For each field (OpenAI's and vLLM's): the body fields sent with it, and what must happen.
+COMMON: dict[str, tuple[dict[str, Any], str]] = {
+    "model": ({"model": MODEL}, OK),
+    "max_tokens": ({"max_tokens": 3}, OK),
+    "temperature": ({"temperature": 0.5}, OK),
+    "top_p": ({"top_p": 0.5}, OK),
+    "top_k": ({"top_k": 5}, OK),
+    "min_p": ({"min_p": 0.1}, OK),
+    "presence_penalty": ({"presence_penalty": 0.5}, OK),
+    "frequency_penalty": ({"frequency_penalty": 0.5}, OK),
+    "repetition_penalty": ({"repetition_penalty": 1.2}, OK),
+    "logit_bias": ({"logit_bias": {"0": -100}}, OK),
+    "allowed_token_ids": ({"allowed_token_ids": [1, 2, 3]}, OK),
+    "bad_words": ({"bad_words": ["the"]}, OK),
+    "min_tokens": ({"min_tokens": 2}, OK),
+    "seed": ({"seed": 7, "temperature": 1.0}, OK),
+    "stop": ({"stop": ["\n\n"]}, OK),
+    "stop_token_ids": ({"stop_token_ids": [2]}, OK),
+    "include_stop_str_in_output": ({"include_stop_str_in_output": True}, OK),
+    "ignore_eos": ({"ignore_eos": True}, OK),
+    "skip_special_tokens": ({"skip_special_tokens": False}, OK),
+    "spaces_between_special_tokens": ({"spaces_between_special_tokens": False}, OK),
+    "stream": ({"stream": True}, OK),
+    "stream_options": ({"stream": True, "stream_options": {"include_usage": True}}, OK),
+    "priority": ({"priority": -1}, FCFS),
+    "n": ({"n": 2}, OK),
+    "best_of": ({"best_of": 2}, REFUSED),
+    "use_beam_search": ({"use_beam_search": True}, REFUSED),
+    "length_penalty": ({"length_penalty": 0.5}, REFUSED),
+    "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, REFUSED),
+    "prompt_logprobs": ({"prompt_logprobs": 1}, REFUSED),
+    "response_format": ({"response_format": {"type": "json_object"}}, REFUSED),
+    "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, REFUSED),
+    "guided_json": ({"guided_json": {"type": "object"}}, REFUSED),
+    "guided_regex": ({"guided_regex": "a+"}, REFUSED),
+    "guided_choice": ({"guided_choice": ["a", "b"]}, REFUSED),
+    "guided_grammar": ({"guided_grammar": "root ::= 'a'"}, REFUSED),
+    "store": ({"store": True}, REFUSED),
+    "user": ({"user": "someone"}, OK),  # accepted, not used
+    "metadata": ({"metadata": {"k": "v"}}, OK),  # accepted, not used
+    "service_tier": ({"service_tier": "auto"}, OK),  # accepted, not used
+    "safety_identifier": ({"safety_identifier": "h"}, OK),  # accepted, not used
+    "prompt_cache_key": ({"prompt_cache_key": "k"}, OK),  # accepted, not used
+}
+COMPLETIONS = COMMON | {
+    "prompt": ({"prompt": "Hi"}, OK),
+    "logprobs": ({"logprobs": 2}, OK),
+    "echo": ({"echo": True}, OK),
+    "suffix": ({"suffix": "end"}, REFUSED),
+    "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, REFUSED),
+    "add_special_tokens": ({"add_special_tokens": False}, OK),
+}
+CHAT = COMMON | {
+    "messages": ({"messages": [{"role": "user", "content": "Hi"}]}, OK),
+    "max_completion_tokens": ({"max_completion_tokens": 3}, OK),
+    "logprobs": ({"logprobs": True}, OK),
+    "top_logprobs": ({"logprobs": True, "top_logprobs": 2}, OK),
+    "add_generation_prompt": ({"add_generation_prompt": False}, OK),
+    "continue_final_message": (
+        {
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "I"}],
+        },
+        OK,
+    ),
+    "add_special_tokens": ({"add_special_tokens": True}, OK),
+    "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}}, OK),
+    "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, REFUSED),
+    "tool_choice": ({"tool_choice": "auto"}, REFUSED),
+    "parallel_tool_calls": ({"parallel_tool_calls": False}, OK),  # without tools: no effect
+    "functions": ({"functions": [{"name": "f"}]}, REFUSED),
+    "function_call": ({"function_call": "auto"}, REFUSED),
+    "audio": ({"audio": {"voice": "alloy", "format": "mp3"}}, REFUSED),
+    "modalities": ({"modalities": ["text", "audio"]}, REFUSED),
+    "prediction": ({"prediction": {"type": "content", "content": "x"}}, REFUSED),
+    "reasoning_effort": ({"reasoning_effort": "low"}, REFUSED),
+    "verbosity": ({"verbosity": "low"}, REFUSED),
+    "web_search_options": ({"web_search_options": {}}, REFUSED),
+    "chat_template": ({"chat_template": "{{ messages }}"}, REFUSED),
+    "documents": ({"documents": [{"text": "x"}]}, REFUSED),
+    "echo": ({"echo": True}, REFUSED),
+    "moderation": ({"moderation": {"policy": {}}}, REFUSED),
+    "prompt_cache_options": ({"prompt_cache_options": {"ttl": "1h"}}, REFUSED),
+    "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, REFUSED),
+}
+
+
+def fields_of(typed_dict: type) -> set[str]:
+    return set(typing.get_type_hints(typed_dict))
+
+
+def test_every_field_of_openai_and_of_our_types_is_classified() -> None:
+    openai_completions = fields_of(completion_params.CompletionCreateParamsBase)
+    openai_chat = fields_of(chat_params.CompletionCreateParamsBase)
+    assert openai_completions | set(CompletionRequest.__struct_fields__) == set(COMPLETIONS)
+    assert openai_chat | set(ChatCompletionRequest.__struct_fields__) == set(CHAT)
+    for table, kind in ((COMPLETIONS, CompletionRequest), (CHAT, ChatCompletionRequest)):
+        refused = {name for name, (_, outcome) in table.items() if outcome == REFUSED}
+        assert refused == set(kind.REFUSED)  # what the table says is what the server does
+
+
+def send(client: openai.OpenAI, chat: bool, body: dict[str, Any]) -> Any:
+    base = {"model": MODEL, "max_tokens": 2, "temperature": 0}
+    base |= {"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hi"}
+    resource = client.chat.completions if chat else client.completions
+    # extra_body: the fields travel as they are written, unchecked by the client.
+    response = resource.create(**base | {"stream": body.get("stream", False)}, extra_body=body)
+    return list(response) if body.get("stream") else response
+
+
+@pytest.mark.parametrize(
+    ("chat", "field"), [(False, f) for f in COMPLETIONS] + [(True, f) for f in CHAT]
+)
+def test_a_field_is_honoured_or_refused_by_name(
+    client: openai.OpenAI, chat: bool, field: str
+) -> None:
+    body, outcome = (CHAT if chat else COMPLETIONS)[field]
+    if outcome == OK:
+        assert send(client, chat, body)
+        return
+    with pytest.raises(openai.BadRequestError) as refusal:
+        send(client, chat, body)
+    assert field in refusal.value.body["message"]
+    assert refusal.value.body["param"] == (field if outcome == REFUSED else None)
+
+
+def test_an_unknown_field_is_refused_by_name(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refusal:
+        send(client, False, {"temperatur": 0.5})
+    assert refusal.value.body["param"] == "temperatur"
+
+
+def test_field_refusals_in_the_openapi_document(service: Server) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{service.url}/openapi.json", timeout=5) as response:
+        document = msgspec.json.decode(response.read())
+    chat = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert "not supported" in chat["tools"]["description"]
+    assert {"/tokenize", "/detokenize", "/version"} <= set(document["paths"])

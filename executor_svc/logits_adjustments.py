@@ -51,13 +51,19 @@ class LogitsAdjustments:
 
     @classmethod
     def build(
-        cls, params: list[SamplingParams], output_index: np.ndarray, history: History
+        cls,
+        params: list[SamplingParams],
+        output_index: np.ndarray,
+        history: History,
+        adjusting: np.ndarray | None = None,
     ) -> LogitsAdjustments:
-        """`params[i]`, `output_index[i]` and `history(i)`: sampling row i's."""
+        """`params[i]`, `output_index[i]` and `history(i)`: sampling row i's; `adjusting`: the
+        rows that have adjustments (None: any may)."""
         allowed_rows, allowed, banned_rows, banned = [], [], [], []
         bias_rows, bias_ids, bias_values = [], [], []
         penalty_rows, penalties, prompts, outputs = [], [], [], []
-        for row, p in enumerate(params):
+        for row in range(len(params)) if adjusting is None else adjusting.tolist():
+            p = params[row]
             if p.allowed_token_ids:
                 allowed_rows.append(row)
                 allowed.append(np.asarray(p.allowed_token_ids))

@@ -93,7 +93,8 @@ class ModelRunner:
             tokens = table.tokens[slot, : table.num_tokens[slot]]
             return tokens[: table.num_prompt[slot]], tokens[table.num_prompt[slot] :]
 
-        sampling = SamplingArrays.build(params, output_index, self._rng, history)  # type: ignore[arg-type]
+        adjusting = np.flatnonzero(self.applier.adjusts[rows])
+        sampling = SamplingArrays.build(params, output_index, self._rng, history, adjusting)  # type: ignore[arg-type]
         return self.backend.upload(inputs, sampling)
 
     @torch.inference_mode()

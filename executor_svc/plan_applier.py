@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from turnstile.shared.batch_table import BatchTable, cdiv
-from turnstile.shared.protocol import BatchPlan, SamplingParams, unpack_ids
+from turnstile.shared.protocol import BatchPlan, SamplingParams, adjusts_logits, unpack_ids
 
 
 class PlanError(ValueError):
@@ -35,6 +35,7 @@ class PlanApplier:
     def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
         self.batch = BatchTable(capacity, max_model_len, block_size)
         self.sampling: list[SamplingParams | None] = [None] * capacity
+        self.adjusts = np.zeros(capacity, dtype=bool)  # rows with logits adjustments
         self.step = 0
         self._sample_rows = np.empty(0, dtype=np.int64)
 
@@ -53,6 +54,7 @@ class PlanApplier:
                     unpack_ids(new.block_ids),
                 )
                 self.sampling[slot] = new.sampling
+                self.adjusts[slot] = adjusts_logits(new.sampling)
             rows = batch.order
             scheduled = np.ones(len(rows), dtype=np.int64)
             overrides = unpack_ids(plan.override_ids)

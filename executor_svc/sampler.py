@@ -50,9 +50,11 @@ class SamplingArrays:
         output_index: np.ndarray,
         rng: np.random.Generator,
         history: History | None = None,
+        adjusting: np.ndarray | None = None,
     ) -> SamplingArrays:
         """`output_index[i]`: how many tokens row i generated before this one; `history(i)`
-        its tokens, for the adjustments that read them (penalties, bad words)."""
+        its tokens, for the adjustments that read them (penalties, bad words); `adjusting`:
+        the rows with adjustments, where the caller knows them (else every row is looked at)."""
         random = [i for i, p in enumerate(params) if p.temperature >= MIN_TEMPERATURE]
         chosen = [params[i] for i in random]
         keys = rng.integers(0, 2**63, len(random), dtype=np.int64)
@@ -70,7 +72,9 @@ class SamplingArrays:
             min_p=np.array([p.min_p for p in chosen]) if any(p.min_p for p in chosen) else None,
             logprob_rows=np.array(wanted, dtype=np.int64) if wanted else None,
             top_logprobs=[params[i].logprobs or 0 for i in wanted],
-            adjustments=LogitsAdjustments.build(params, output_index, history or _no_history),
+            adjustments=LogitsAdjustments.build(
+                params, output_index, history or _no_history, adjusting
+            ),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:

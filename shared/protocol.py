@@ -49,6 +49,15 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     min_tokens_stop_ids: list[int] = []  # banned while fewer than min_tokens are generated
 
 
+def adjusts_logits(sampling: SamplingParams) -> bool:
+    """Whether a request changes its logits before sampling (penalties, bias, masks)."""
+    return bool(
+        sampling.logit_bias or sampling.allowed_token_ids or sampling.bad_words
+        or sampling.min_tokens or sampling.repetition_penalty != 1.0
+        or sampling.frequency_penalty or sampling.presence_penalty
+    )  # fmt: skip
+
+
 class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """A request joining the executor's persistent batch, sent in full exactly once per admission.
 

@@ -156,7 +156,7 @@ class Gateway:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         prompt_tokens = sum(map(len, prompts))
         metrics.GATEWAY_PROMPT_TOKENS.inc(prompt_tokens)
-        generation = Generation(self.engine, request, prompt_tokens)
+        generation = Generation(self.engine, request, prompt_tokens, n)
         hidden = hidden_token_ids(request, self.tokenizer.info.all_eos_token_ids)
         for p, (ids, message) in enumerate(zip(prompts, messages, strict=True)):
             echo = self.tokenizer.decode(ids) if not chat and request.echo else ""

@@ -48,6 +48,7 @@ class Token:
 class End:
     reason: str
     error: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -115,6 +116,12 @@ class EngineClient:
             self._end(stream, None)
             self._send(AbortRequest(stream.req_id))
 
+    def stop(self, stream: RequestStream) -> None:
+        """Stop a request whose end the gateway found (a stop string); its stream still gets
+        the scheduler's `End`, with the request's counts."""
+        if self._streams.get(stream.req_id) is stream:
+            self._send(AbortRequest(stream.req_id))
+
     def _send(self, message: msgspec.Struct) -> bool:
         try:
             self._socket.send(self._codec.encode(message), flags=zmq.NOBLOCK)
@@ -178,7 +185,7 @@ class EngineClient:
         for ended in outputs.finished:
             stream = self._streams.get(ended.req_id)
             if stream is not None:
-                self._end(stream, End(ended.reason, ended.error))
+                self._end(stream, End(ended.reason, ended.error, ended.cached_tokens))
 
     def _fail_all(self, reason: str) -> None:
         """Fail every request, and abort each: a scheduler that was only slow would run on."""

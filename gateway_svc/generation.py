@@ -65,6 +65,7 @@ class Choice:
         self.hidden = hidden  # stop tokens, whose text is not shown
         self.stream: RequestStream | None = None
         self.tokens = 0
+        self.cached_tokens = 0
         self._last = arrival
 
     def token(self) -> None:
@@ -79,10 +80,13 @@ class Choice:
 class Generation:
     """The choices of one request, run on `engine` and merged into one stream of pieces."""
 
-    def __init__(self, engine: EngineClient, request: Request, prompt_tokens: int) -> None:
+    def __init__(
+        self, engine: EngineClient, request: Request, prompt_tokens: int, n: int = 1
+    ) -> None:
         self.engine = engine
         self.request = request
         self.prompt_tokens = prompt_tokens
+        self.n = n
         self.choices: list[Choice] = []
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -105,10 +109,13 @@ class Generation:
 
     def usage(self) -> dict[str, Any]:
         completion = sum(choice.tokens for choice in self.choices)
+        # A prompt's first choice: the others find its blocks cached by design.
+        cached = sum(choice.cached_tokens for choice in self.choices[:: self.n])
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
     async def pieces(self) -> AsyncIterator[Piece]:
@@ -149,6 +156,7 @@ class Generation:
                     status, kind, headers = _REFUSALS[event.reason]
                     raise ApiError(status, event.error, kind, headers=headers)
                 finish = "stop" if event.reason == "stop" else event.reason
+                choice.cached_tokens = event.cached_tokens
                 self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish))
                 return
             choice.token()
@@ -156,7 +164,10 @@ class Generation:
                 entries.append(event.logprobs)
             piece = "" if event.token_id in choice.hidden else text.add(event.token_id)
             if text.stopped:
-                self.engine.abort(stream)
+                self.engine.stop(stream)
+                while not isinstance(end := await stream.events.get(), End):
+                    pass  # tokens computed before the scheduler saw the stop
+                choice.cached_tokens = end.cached_tokens
                 self._pieces.put_nowait(Piece(choice.index, piece, entries, "stop"))
                 return
             if piece:

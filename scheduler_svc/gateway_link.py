@@ -72,7 +72,7 @@ class GatewayLink:
         for done in outputs.finished:
             local = done.req_id & (LOCAL_ID_LIMIT - 1)
             ended.setdefault(done.req_id >> LOCAL_ID_BITS, []).append(
-                Finished(local, done.reason, done.error)
+                msgspec.structs.replace(done, req_id=local)
             )
         for slot in set(np.unique(owners).tolist()) | set(ended):
             mine = owners == slot

@@ -224,4 +224,4 @@ class RequestLifecycle:
         req.status = Status.FINISHED
         req.finish_reason = reason
         del self.requests[req.req_id]
-        self._finished.append(Finished(req.req_id, reason, error))
+        self._finished.append(Finished(req.req_id, reason, error, req.cached_tokens or 0))

@@ -39,6 +39,7 @@ class Request:
     num_preemptions: int = 0
     arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
     crashes: int = 0  # failed steps it ran in (a suspect if > 0; ended at 2)
+    cached_tokens: int | None = None  # prefix-cache hits at its first admission
 
     @classmethod
     def from_message(

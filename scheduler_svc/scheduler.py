@@ -213,6 +213,8 @@ class Scheduler:
             self.batch.num_computed[slot] += count
             self.stats.prefix_cache_queries += len(req.token_ids)
             self.stats.prefix_cache_hits += num_cached
+            if req.cached_tokens is None:
+                req.cached_tokens = num_cached
             new.append(
                 NewRequest(
                     req_id=req.req_id,

@@ -137,6 +137,7 @@ class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True)
     req_id: int
     reason: str
     error: str = ""
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was admitted
 
 
 class EngineOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=5):

@@ -176,3 +176,13 @@ def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
         assert text["prompt"] == "[user] Hi\n[assistant]"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+
+
+def test_usage_counts_the_prompt_tokens_found_cached(client: openai.OpenAI) -> None:
+    prompt = list(range(2000, 2100))  # 100 token ids: 6 full blocks of 16
+    args = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    first = client.completions.create(**args)
+    again = client.completions.create(**args, stop=[first.choices[0].text[2:5]])
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].finish_reason == "stop"  # ended by the gateway, counts still come
+    assert again.usage.prompt_tokens_details.cached_tokens == 96

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import EngineClient
@@ -29,6 +29,7 @@ from turnstile.gateway_svc.openapi import openapi_document
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
+from turnstile.shared.metrics_server import every_service_metrics
 from turnstile.shared.protocol import AddRequest
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -115,7 +116,9 @@ class Gateway:
         return web.json_response(openapi_document(self.served_names, self.max_model_len))
 
     async def metrics(self, _: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest())
+        """Every service's series under `turnstile serve` (one scrape target per replica, as
+        vLLM's API port), else the gateway's own."""
+        response = web.Response(body=every_service_metrics())
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return response
 

@@ -6,17 +6,24 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from turnstile.scheduler_svc.scheduler import Scheduler
 
+
+def _gauge(name: str, documentation: str) -> Gauge:
+    # Under `turnstile serve` the gateway's /metrics shows the latest value any scheduler
+    # process (a restarted one, say) set.
+    return Gauge(name, documentation, multiprocess_mode="mostrecent")
+
+
 _STEP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.05, 0.25)
 _EXECUTOR_BUCKETS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class SchedulerMetrics:
     def __init__(self) -> None:
-        self.running = Gauge("turnstile:num_requests_running", "Requests in the running batch")
-        self.waiting = Gauge("turnstile:num_requests_waiting", "Requests waiting to be admitted")
-        self.kv_usage = Gauge("turnstile:kv_cache_usage_perc", "Fraction of KV blocks in use")
-        self.kv_free = Gauge("turnstile:kv_cache_free_blocks", "KV blocks free")
-        self.kv_total = Gauge("turnstile:kv_cache_total_blocks", "KV blocks in all")
+        self.running = _gauge("turnstile:num_requests_running", "Requests in the running batch")
+        self.waiting = _gauge("turnstile:num_requests_waiting", "Requests waiting to be admitted")
+        self.kv_usage = _gauge("turnstile:kv_cache_usage_perc", "Fraction of KV blocks in use")
+        self.kv_free = _gauge("turnstile:kv_cache_free_blocks", "KV blocks free")
+        self.kv_total = _gauge("turnstile:kv_cache_total_blocks", "KV blocks in all")
         self.prefix_queries = Counter("turnstile:prefix_cache_queries", "Prompt tokens looked up")
         self.prefix_hits = Counter("turnstile:prefix_cache_hits", "Prompt tokens found cached")
         self.preemptions = Counter("turnstile:num_preemptions", "Requests preempted")
@@ -35,7 +42,7 @@ class SchedulerMetrics:
             "Time from a plan's start (sent, or the previous result back) to its result",
             buckets=_EXECUTOR_BUCKETS,
         )
-        self.plans_in_flight = Gauge(
+        self.plans_in_flight = _gauge(
             "turnstile:scheduler_plans_in_flight",
             "Plans sent and not answered (2: the next one waits at the executor)",
         )

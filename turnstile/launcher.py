@@ -31,6 +31,7 @@ from turnstile.executor_svc.runner_config import (
 from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
+from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
 from turnstile.shared.settings import nested, setting
 from turnstile.shared.zmq_io import scheduler_addresses
 
@@ -123,6 +124,8 @@ def serve(config: ServeConfig) -> None:
     # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,
     # and several stacks on one host never meet.
     run_dir = Path(tempfile.mkdtemp(prefix="turnstile-"))
+    (run_dir / "metrics").mkdir()
+    os.environ[SHARED_DIR_VARIABLE] = str(run_dir / "metrics")  # the children inherit it
     url = f"http://{config.gateway.host}:{config.gateway.port}"
     try:
         code = supervise(stack(config, run_dir), url, config.launch.ready_timeout)

@@ -13,6 +13,7 @@ from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.executor_svc.plan_applier import PlanApplier, StepInputs
+from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Sampled, SamplingArrays
 from turnstile.shared.model_info import ModelInfo, read_model_info
@@ -95,14 +96,24 @@ class ModelRunner:
 
         adjusting = np.flatnonzero(self.applier.adjusts[rows])
         sampling = SamplingArrays.build(params, output_index, self._rng, history, adjusting)  # type: ignore[arg-type]
+        if self.applier.wants_prompt_logprobs:
+            sampling.prompt = PromptPositions.build(inputs, table, self.applier.sampling)
         return self.backend.upload(inputs, sampling)
 
     @torch.inference_mode()
-    def run(self, step: DeviceStep) -> Sampled:
-        """Forward and sample, all on the device: no host sync until `Sampled.to_host`."""
+    def run(self, step: DeviceStep) -> tuple[Sampled, torch.Tensor | None]:
+        """Forward and sample, all on the device: no host sync until `Sampled.to_host`; with
+        the prompt logprobs asked for, their table."""
         hidden = self.backend.forward(step)
         logits = self.model.logits(hidden[step.logits_indices])
-        return self.backend.sample(logits, step.sampling)
+        prompt = step.sampling.host.prompt
+        table = None
+        if prompt is not None:
+            on = step.sampling.device
+            width = max(top for *_, top in prompt.rows)
+            prompt_logits = self.model.logits(hidden[on["prompt_tokens"]])
+            table = prompt_table(prompt_logits, on["prompt_targets"], width)
+        return self.backend.sample(logits, step.sampling), table
 
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> StepResult:
@@ -110,6 +121,15 @@ class ModelRunner:
         if len(inputs.rows) == 0:
             self.applier.commit(np.empty(0, dtype=np.int64))
             return StepResult(step=plan.step)
-        sampled, logprobs = self.run(self.upload(inputs)).to_host()
+        step = self.upload(inputs)
+        result, table = self.run(step)
+        sampled, logprobs = result.to_host()
         self.applier.commit(sampled)
-        return StepResult(step=plan.step, sampled=pack_ids(sampled), logprobs=logprobs)
+        prompt = step.sampling.host.prompt
+        prompt_logprobs = fold(prompt, table.cpu().numpy()) if prompt and table is not None else []
+        return StepResult(
+            step=plan.step,
+            sampled=pack_ids(sampled),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )

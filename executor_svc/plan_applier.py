@@ -36,6 +36,7 @@ class PlanApplier:
         self.batch = BatchTable(capacity, max_model_len, block_size)
         self.sampling: list[SamplingParams | None] = [None] * capacity
         self.adjusts = np.zeros(capacity, dtype=bool)  # rows with logits adjustments
+        self.wants_prompt_logprobs = False  # whether any request so far asked for them
         self.step = 0
         self._sample_rows = np.empty(0, dtype=np.int64)
 
@@ -55,6 +56,7 @@ class PlanApplier:
                 )
                 self.sampling[slot] = new.sampling
                 self.adjusts[slot] = adjusts_logits(new.sampling)
+                self.wants_prompt_logprobs |= new.sampling.prompt_logprobs is not None
             rows = batch.order
             scheduled = np.ones(len(rows), dtype=np.int64)
             overrides = unpack_ids(plan.override_ids)

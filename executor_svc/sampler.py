@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from turnstile.executor_svc.logits_adjustments import History, LogitsAdjustments, adjust
+from turnstile.executor_svc.prompt_logprobs import PromptPositions
 from turnstile.shared.protocol import SamplingParams
 
 _SEED_STRIDE = 1_000_003
@@ -42,6 +43,7 @@ class SamplingArrays:
     logprob_rows: np.ndarray | None  # rows that asked for logprobs
     top_logprobs: list[int]  # how many top entries each of them asked for
     adjustments: LogitsAdjustments
+    prompt: PromptPositions | None = None  # prompt tokens whose logprobs are asked for
 
     @classmethod
     def build(
@@ -92,6 +94,8 @@ class SamplingArrays:
                 out["min_p"] = self.min_p
         if self.logprob_rows is not None:
             out["logprob_rows"] = self.logprob_rows
+        if self.prompt is not None:
+            out |= self.prompt.arrays()
         return out | self.adjustments.arrays
 
 

@@ -166,6 +166,8 @@ class Gateway:
             choices = [
                 Choice(p * n + j, request, self.tokenizer, hidden, arrival) for j in range(n)
             ]
+            if request.prompt_logprobs is not None:  # the first choice brings them
+                choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices, echo)
         shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
         try:

@@ -45,6 +45,15 @@ class Token:
 
 
 @dataclass(slots=True)
+class PromptEntries:
+    """Logprobs of prompt tokens `first`, `first` + 1, ...: [(token, logprob), top N...]."""
+
+    first: int
+    entries: list[list[tuple[int, float]]]
+    ranks: list[int]
+
+
+@dataclass(slots=True)
 class End:
     reason: str
     error: str = ""
@@ -54,7 +63,7 @@ class End:
 @dataclass(slots=True)
 class RequestStream:
     req_id: int
-    events: asyncio.Queue[Token | End]
+    events: asyncio.Queue[Token | PromptEntries | End]
     deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
@@ -174,6 +183,10 @@ class EngineClient:
         except ValueError as exc:
             self._codec.count_malformed(str(exc))
             return
+        for prompt in outputs.prompt_logprobs:  # before the tokens that follow the prompt
+            stream = self._streams.get(prompt.req_id)
+            if stream is not None:
+                stream.events.put_nowait(PromptEntries(prompt.first, prompt.entries, prompt.ranks))
         logprobs = outputs.logprobs or [[]] * len(req_ids)
         if not len(req_ids) == len(token_ids) == len(logprobs):
             self._codec.count_malformed("outputs whose ids, tokens and logprobs differ in length")

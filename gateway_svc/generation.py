@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from turnstile.gateway_svc import metrics
-from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
+from turnstile.gateway_svc.engine_client import End, EngineClient, PromptEntries, RequestStream
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
@@ -66,6 +66,9 @@ class Choice:
         self.stream: RequestStream | None = None
         self.tokens = 0
         self.cached_tokens = 0
+        # Per prompt position, where asked: ([(token, logprob), top N...], rank); the first
+        # has none, as in vLLM.
+        self.prompt_logprobs: list[tuple[list[tuple[int, float]], int] | None] = []
         self._last = arrival
 
     def token(self) -> None:
@@ -148,9 +151,14 @@ class Generation:
                 # The prompt is computed: the other choices start on its cached blocks.
                 for offset, sibling in enumerate(siblings, start=1):
                     self._tasks.append(asyncio.get_running_loop().create_task(
-                        self._run(with_seed_offset(message, offset), sibling, [], echo)
+                        self._run(sibling_request(message, offset), sibling, [], echo)
                     ))  # fmt: skip
                 siblings = []
+            if isinstance(event, PromptEntries):
+                for offset, entry in enumerate(zip(event.entries, event.ranks, strict=True)):
+                    if event.first + offset < len(choice.prompt_logprobs):
+                        choice.prompt_logprobs[event.first + offset] = entry
+                continue
             if isinstance(event, End):
                 if event.reason in _REFUSALS:
                     status, kind, headers = _REFUSALS[event.reason]
@@ -175,13 +183,15 @@ class Generation:
                 entries = []
 
 
-def with_seed_offset(message: AddRequest, offset: int) -> AddRequest:
-    """Choice `offset` of a seeded request draws from seed + offset (as vLLM), so the choices
-    differ and each is reproducible."""
+def sibling_request(message: AddRequest, offset: int) -> AddRequest:
+    """Choice `offset` of a prompt: a seeded request draws from seed + offset (as vLLM), so the
+    choices differ and each is reproducible; the prompt's logprobs come with the first."""
     seed = message.sampling.seed
-    if seed is None:
-        return message
-    sampling = msgspec.structs.replace(message.sampling, seed=(seed + offset) % 2**63)
+    sampling = msgspec.structs.replace(
+        message.sampling,
+        seed=None if seed is None else (seed + offset) % 2**63,
+        prompt_logprobs=None,
+    )
     return msgspec.structs.replace(message, sampling=sampling)
 
 
@@ -195,7 +205,8 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
         entries[piece.index] += piece.logprobs
         finish[piece.index] = piece.finish_reason or finish[piece.index]
     choices = [("".join(texts[i]), finish[i], shape.logprobs(entries[i], 0)) for i in range(count)]
-    body = shape.whole(choices, generation.usage())
+    prompts = [shape.prompt_logprobs(c.prompt_logprobs) for c in generation.choices]
+    body = shape.whole(choices, generation.usage(), prompts)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 

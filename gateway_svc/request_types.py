@@ -50,7 +50,6 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "use_beam_search": (False,),
         "length_penalty": (1.0,),
         "truncate_prompt_tokens": (),
-        "prompt_logprobs": (),
         "response_format": ({"type": "text"},),
         "structured_outputs": (),
         "guided_json": (),
@@ -91,7 +90,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     use_beam_search: refused("false") = None
     length_penalty: refused("1") = None
     truncate_prompt_tokens: refused("null") = None
-    prompt_logprobs: refused("null") = None
+    prompt_logprobs: Logprobs | None = None  # vLLM's: each prompt token's logprob, top N
     response_format: refused('{"type": "text"}') = None
     structured_outputs: refused("null") = None
     guided_json: refused("null") = None
@@ -109,6 +108,9 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """What the types cannot say."""
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ApiError(400, "prompt_logprobs is answered whole, not streamed",
+                           code="unsupported_parameter", param="prompt_logprobs")  # fmt: skip
         for name, no_ops in self.REFUSED.items():
             value = getattr(self, name)
             if value is not None and value not in no_ops:

@@ -68,15 +68,48 @@ class ResponseShape:
         body["usage"] = usage
         return body
 
-    def whole(self, choices: list[tuple[str, str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
-        """The response of every choice, each (text, finish_reason, logprobs), in index order."""
+    def whole(
+        self,
+        choices: list[tuple[str, str, Any]],
+        usage: dict[str, Any],
+        prompt_logprobs: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        """The response of every choice, each (text, finish_reason, logprobs), in index order;
+        `prompt_logprobs` (vLLM's, where asked): per choice for completions, the first
+        prompt's for a chat, at the top."""
         listed = [
             self._choice(index, text, finish, logprobs)
             for index, (text, finish, logprobs) in enumerate(choices)
         ]
+        asked = bool(prompt_logprobs) and prompt_logprobs[0] is not None
+        if asked and not self.chat:
+            for choice, prompt in zip(listed, prompt_logprobs, strict=True):
+                choice["prompt_logprobs"] = prompt
         body = self._envelope(listed, chunk=False)
+        if asked and self.chat:
+            body["prompt_logprobs"] = prompt_logprobs[0]
         body["usage"] = usage
         return body
+
+    def prompt_logprobs(
+        self, positions: list[tuple[list[tuple[int, float]], int] | None]
+    ) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's shape: per prompt token, {token id: {logprob, rank, decoded_token}} for the
+        token and the top N (ranked 1..N); None for the first."""
+        if not positions:
+            return None
+        out: list[dict[str, dict[str, Any]] | None] = []
+        for position in positions:
+            if position is None:
+                out.append(None)
+                continue
+            ((token, logprob), *top), rank = position
+            ranked = [(token, logprob, rank)] + [(t, lp, r) for r, (t, lp) in enumerate(top, 1)]
+            out.append({
+                str(t): {"logprob": lp, "rank": r, "decoded_token": self.tokenizer.decode([t])}
+                for t, lp, r in ranked
+            })  # fmt: skip
+        return out
 
     def logprobs(self, entries: list[list[tuple[int, float]]], offset: int) -> Any:
         """OpenAI logprobs for tokens whose entries are [(token, logprob), *top-N]."""

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import msgspec
 import numpy as np
 import zmq
 
-from turnstile.shared.protocol import EngineOutputs, Finished, ToScheduler, pack_ids, unpack_ids
+from turnstile.shared.protocol import (
+    EngineOutputs,
+    Finished,
+    PromptLogprobs,
+    ToScheduler,
+    pack_ids,
+    unpack_ids,
+)
 from turnstile.shared.zmq_io import FrameCodec, make_socket
 
 log = logging.getLogger(__name__)
@@ -26,6 +34,7 @@ MAX_GATEWAYS = 127  # slots 1..127 keep a key below 2**31
 # Buffered for a stalled gateway (stopped, or busy tokenizing) rather than dropped: its streams
 # resume intact when it reads again.
 SEND_HIGH_WATER_MARK = 100_000
+Keyed = TypeVar("Keyed", Finished, PromptLogprobs)
 
 
 class GatewayLink:
@@ -68,13 +77,9 @@ class GatewayLink:
         """Each gateway gets its own requests' tokens and endings, under its own ids."""
         keys = unpack_ids(outputs.req_ids)
         owners = keys >> LOCAL_ID_BITS
-        ended: dict[int, list[Finished]] = {}
-        for done in outputs.finished:
-            local = done.req_id & (LOCAL_ID_LIMIT - 1)
-            ended.setdefault(done.req_id >> LOCAL_ID_BITS, []).append(
-                msgspec.structs.replace(done, req_id=local)
-            )
-        for slot in set(np.unique(owners).tolist()) | set(ended):
+        ended = _by_owner(outputs.finished)
+        prompts = _by_owner(outputs.prompt_logprobs)
+        for slot in set(np.unique(owners).tolist()) | set(ended) | set(prompts):
             mine = owners == slot
             every = bool(mine.all())
             logprobs = outputs.logprobs
@@ -87,6 +92,7 @@ class GatewayLink:
                 token_ids=tokens,
                 finished=ended.get(slot, []),
                 logprobs=logprobs,
+                prompt_logprobs=prompts.get(slot, []),
             )
             self._send(slot, message)
 
@@ -128,3 +134,13 @@ class GatewayLink:
         except zmq.ZMQError:  # EHOSTUNREACH: its connection is gone
             return False
         return True
+
+
+def _by_owner(items: list[Keyed]) -> dict[int, list[Keyed]]:
+    """Each gateway's share of `items` (keyed by the scheduler's request keys), under its own
+    request ids."""
+    owned: dict[int, list[Keyed]] = {}
+    for item in items:
+        local = msgspec.structs.replace(item, req_id=item.req_id & (LOCAL_ID_LIMIT - 1))
+        owned.setdefault(item.req_id >> LOCAL_ID_BITS, []).append(local)
+    return owned

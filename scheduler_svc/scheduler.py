@@ -198,7 +198,9 @@ class Scheduler:
             req = queue.peek()
             if req is None:
                 break
-            cached = self.lifecycle.prefix_cache.lookup(req)
+            # A request asking for its prompt's logprobs computes every prompt token.
+            wants_all = req.sampling.prompt_logprobs is not None
+            cached = [] if wants_all else self.lifecycle.prefix_cache.lookup(req)
             num_cached = len(cached) * block_size
             count = min(len(req.token_ids) - num_cached, budget)
             need = cdiv(num_cached + count, block_size) - len(cached)

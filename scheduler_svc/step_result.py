@@ -43,6 +43,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
             token_ids=result.sampled,
             finished=lifecycle.take_finished(),
             logprobs=result.logprobs,
+            prompt_logprobs=result.prompt_logprobs,
         )
     answered = live.copy()
     if lifecycle.padding:  # padding rows' tokens are computed, never answered
@@ -60,6 +61,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         token_ids=pack_ids(sampled[kept]),
         finished=lifecycle.take_finished(),
         logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
+        prompt_logprobs=result.prompt_logprobs,
     )
 
 

@@ -47,6 +47,17 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     bad_words: list[list[int]] = []  # token sequences, the last token banned after the rest
     min_tokens: int = 0
     min_tokens_stop_ids: list[int] = []  # banned while fewer than min_tokens are generated
+    prompt_logprobs: int | None = None  # N: each prompt token's logprob and the top N
+
+
+class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True):
+    """Logprobs of a request's prompt tokens `first`, `first` + 1, ...: per token
+    [(token, logprob), top N...] and its rank among the vocabulary (1: the likeliest)."""
+
+    req_id: int
+    first: int
+    entries: list[list[tuple[int, float]]]
+    ranks: list[int]
 
 
 def adjusts_logits(sampling: SamplingParams) -> bool:
@@ -98,6 +109,7 @@ class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     step: int
     sampled: bytes = b""
     logprobs: list[list[tuple[int, float]]] = []
+    prompt_logprobs: list[PromptLogprobs] = []
 
 
 class StepFailed(msgspec.Struct, array_like=True, frozen=True, tag=10):
@@ -148,6 +160,7 @@ class EngineOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=
     token_ids: bytes = b""
     finished: list[Finished] = []
     logprobs: list[list[tuple[int, float]]] = []  # aligned with req_ids when any was asked
+    prompt_logprobs: list[PromptLogprobs] = []
 
 
 class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):

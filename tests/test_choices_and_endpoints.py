@@ -186,3 +186,40 @@ def test_usage_counts_the_prompt_tokens_found_cached(client: openai.OpenAI) -> N
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.choices[0].finish_reason == "stop"  # ended by the gateway, counts still come
     assert again.usage.prompt_tokens_details.cached_tokens == 96
+
+
+def test_prompt_logprobs_agree_with_the_logprobs_of_the_same_tokens_generated(
+    client: openai.OpenAI, root: openai.OpenAI
+) -> None:
+    prompt = root.post("/tokenize", cast_to=object, body={"prompt": "The capital of France"})
+    prompt_ids = prompt["tokens"]
+    generated = client.completions.create(
+        model=MODEL, prompt=prompt_ids, max_tokens=6, temperature=0, logprobs=2
+    ).choices[0]
+    continuation = root.post(
+        "/tokenize", cast_to=object, body={"prompt": generated.text, "add_special_tokens": False}
+    )["tokens"]
+    ids = prompt_ids + continuation
+    for _ in range(2):  # the second finds the prompt cached, and must compute it all the same
+        body = client.completions.create(
+            model=MODEL, prompt=ids, max_tokens=1, temperature=0, extra_body={"prompt_logprobs": 2}
+        ).model_dump()
+        entries = body["choices"][0]["prompt_logprobs"]
+        assert len(entries) == len(ids) and entries[0] is None
+        for position, token in enumerate(ids[1:], start=1):
+            assert str(token) in entries[position]  # the prompt's own token, with the top 2
+            assert 2 <= len(entries[position]) <= 3
+        for k, token in enumerate(continuation):  # greedy: each was the likeliest
+            entry = entries[len(prompt_ids) + k][str(token)]
+            assert entry["rank"] == 1
+            assert abs(entry["logprob"] - generated.logprobs.token_logprobs[k]) < 0.05
+            assert entry["decoded_token"] == generated.logprobs.tokens[k]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+        extra_body={"prompt_logprobs": 0},
+    ).model_dump()  # fmt: skip
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(
+            model=MODEL, prompt="x", stream=True, extra_body={"prompt_logprobs": 1}
+        )

@@ -63,7 +63,7 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
         plan = scheduler.schedule()
         inputs = runner.applier.apply(plan)
         step = runner.upload(inputs)
-        sampled = runner.run(step)
+        sampled, _ = runner.run(step)
         assert sampled.tokens.device.type == "meta"
         assert sampled.tokens.shape == (len(inputs.sample_rows),)
         asking = sampled.asking

@@ -51,7 +51,7 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "use_beam_search": ({"use_beam_search": True}, REFUSED),
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, REFUSED),
-    "prompt_logprobs": ({"prompt_logprobs": 1}, REFUSED),
+    "prompt_logprobs": ({"prompt_logprobs": 1}, OK),
     "response_format": ({"response_format": {"type": "json_object"}}, REFUSED),
     "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, REFUSED),
     "guided_json": ({"guided_json": {"type": "object"}}, REFUSED),

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from turnstile.executor_svc.cpu_runtime import keep_freed_memory
+from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
@@ -76,9 +76,14 @@ class Backend(ABC):
     def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
         self.config = config
         self.info = info
-        self.device = torch.device(config.executor.device)
+        executor = config.executor
+        # Tensor-parallel ranks on GPUs: rank R on cuda:R.
+        self.device = torch.device(
+            executor.device, executor.rank if executor.device == "cuda" else None
+        )
         if self.device.type == "cpu":
             keep_freed_memory()
+            pin_rank(executor.rank, config.engine.tensor_parallel_size)
         self.staging = Staging(self.device)
         self.model: LlamaModel | None = None
         self.kv_caches: KVCaches = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -21,6 +22,18 @@ def keep_freed_memory() -> None:
         return
     libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
     libc.mallopt(_M_MMAP_THRESHOLD, 2**30)
+
+
+def pin_rank(rank: int, size: int) -> None:
+    """Give tensor-parallel rank `rank` of `size` its own share of this process's cores (and
+    torch as many threads), so ranks on one CPU do not fight over cores."""
+    if size == 1:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[rank * len(cores) // size : (rank + 1) * len(cores) // size]
+    share = share or [cores[rank % len(cores)]]  # more ranks than cores: they share
+    os.sched_setaffinity(0, share)
+    torch.set_num_threads(len(share))
 
 
 def native_bf16_matmul(device: torch.device) -> bool:

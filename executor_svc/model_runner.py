@@ -16,6 +16,7 @@ from turnstile.executor_svc.plan_applier import PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Sampled, SamplingArrays
+from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
 
@@ -30,7 +31,16 @@ class ModelRunner:
         self.config = config
         engine, executor = config.engine, config.executor
         self.info: ModelInfo = read_model_info(config.model_path)
+        self.tp = TensorParallel(executor.rank, engine.tensor_parallel_size)
+        self.tp.check(self.info)
         self.backend = create_backend(config, self.info)
+        self.tp = join_group(
+            executor.rank,
+            engine.tensor_parallel_size,
+            executor.distributed_init_method,
+            self.backend.device,
+            executor.distributed_timeout,
+        )
         self.device = self.backend.device
         self.dtype = DTYPES[
             self.backend.default_dtype() if executor.dtype == "auto" else executor.dtype
@@ -46,10 +56,11 @@ class ModelRunner:
             self.backend.activation_dtype(self.dtype),
             self.device,
             self.backend.projection,
+            self.tp,
         )
         del weights
         self.num_blocks = executor.num_blocks or self._blocks_for(executor.kv_cache_gib)
-        shape = (self.num_blocks, engine.block_size, self.info.num_kv_heads, self.info.head_dim)
+        shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
             (
@@ -60,7 +71,8 @@ class ModelRunner:
         ]
         self.backend.bind(self.model, self.kv_caches)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
-        self._rng = np.random.default_rng()
+        # Unseeded rows draw keys from this generator: every rank seeds it alike.
+        self._rng = np.random.default_rng(self.tp.shared_seed(self.device))
         self.load_seconds = time.perf_counter() - started
         log.info(
             "model ready in %.1f s on the %s backend, %d KV blocks",
@@ -78,7 +90,7 @@ class ModelRunner:
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info
-        per_block = 2 * info.num_layers * self.config.engine.block_size * info.num_kv_heads
+        per_block = 2 * info.num_layers * self.config.engine.block_size * self.model.num_kv_heads
         per_block *= info.head_dim * self.model.activation_dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
 

@@ -27,6 +27,13 @@ class ExecutorConfig:
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")
+    rank: int = setting(0, "this executor's rank among --tensor-parallel-size ranks")
+    distributed_init_method: str = setting(
+        "tcp://127.0.0.1:29517", "where the ranks meet to form their group (torch.distributed)"
+    )
+    distributed_timeout: float = setting(
+        60.0, "seconds a collective waits for every rank before it fails (a rank that died)"
+    )
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,6 +14,7 @@ from prometheus_client import Histogram
 from turnstile.executor_svc.model_runner import ModelRunner
 from turnstile.executor_svc.plan_applier import PlanError
 from turnstile.executor_svc.runner_config import ExecutorServiceConfig
+from turnstile.executor_svc.tensor_parallel import broke_group
 from turnstile.shared.metrics_server import serve_metrics
 from turnstile.shared.model_info import ModelInfo, served_name
 from turnstile.shared.protocol import (
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 60.0
 HEARTBEAT_MS = 1000
-RANK = 0  # the only one until tensor parallelism splits a model across executors
 FORWARD_SECONDS = Histogram(
     "turnstile:executor_forward_seconds",
     "Executor time per plan: apply, forward, sample",
@@ -73,10 +73,10 @@ def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:
     codec: FrameCodec[SchedulerToExecutor] = FrameCodec(SchedulerToExecutor, "executor.plans")
     address = scheduler_addresses(config.addresses)[1]
     socket = make_socket(zmq.Context.instance(), zmq.DEALER, address, bind=False)
-    engine = config.runner.engine
+    engine, rank = config.runner.engine, config.runner.executor.rank
     hello = Register(
         version=PROTOCOL_VERSION,
-        rank=RANK,
+        rank=rank,
         model=served_name(config.runner.model_path),
         vocab_size=runner.info.vocab_size,
         num_blocks=runner.num_blocks,
@@ -90,7 +90,7 @@ def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:
     answered_at: float | None = None  # when the last result left
     while True:
         if not socket.poll(HEARTBEAT_MS):
-            socket.send(codec.encode(Heartbeat(RANK)))
+            socket.send(codec.encode(Heartbeat(rank)))
             continue
         message = codec.decode(socket.recv())
         if isinstance(message, RegisterReply) and not message.accepted:
@@ -112,12 +112,16 @@ def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:
             # trusted. Exit so the supervisor restarts us and the scheduler recomputes.
             sys.exit(f"lost sync with the scheduler: {exc}")
         except Exception as exc:
+            if broke_group(exc):  # a rank died or stopped answering: not the requests' fault
+                sys.exit(f"the tensor-parallel group broke at step {message.step}: {exc}")
             # The device's state is unknown after a failed step: say why, then start afresh.
             log.exception("step %d failed", message.step)
-            socket.send(codec.encode(StepFailed(message.step, f"{type(exc).__name__}: {exc}")))
+            if rank == 0:
+                socket.send(codec.encode(StepFailed(message.step, f"{type(exc).__name__}: {exc}")))
             socket.close(linger=1000)
             sys.exit(1)
-        socket.send(codec.encode(result))
+        if rank == 0:  # every rank runs the step; one answers for the group
+            socket.send(codec.encode(result))
         answered_at = time.perf_counter()
 
 

@@ -20,13 +20,16 @@ class ExecutorLink:
         max_num_seqs: int,
         model: str,
         vocab_size: int,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.socket = make_socket(zmq.Context.instance(), zmq.ROUTER, address, bind=True)
         self.codec: FrameCodec[ExecutorToScheduler] = FrameCodec(
             ExecutorToScheduler, "scheduler.executors"
         )
         self.expected = (PROTOCOL_VERSION, block_size, max_num_seqs, model, vocab_size)
+        self.ranks = tensor_parallel_size
         self.peers: dict[int, bytes] = {}  # rank -> ZeroMQ identity
+        self.offers: dict[int, Register] = {}  # rank -> what it registered with
         # A killed executor's TCP connection drops at once: the monitor reports it in
         # milliseconds, where a heartbeat would take seconds.
         # Any peer's drop raises it, a stray client's too, so each executor is then probed:
@@ -36,7 +39,8 @@ class ExecutorLink:
 
     @property
     def complete(self) -> bool:
-        return 0 in self.peers
+        """Every rank of the model is registered."""
+        return len(self.peers) == self.ranks
 
     def receive(self) -> Iterator[tuple[bytes, ExecutorToScheduler]]:
         """Every well-formed waiting message with its sender (malformed ones are counted)."""
@@ -76,8 +80,16 @@ class ExecutorLink:
                 f"executor offers (version, block_size, max_num_seqs, model, vocab_size) = "
                 f"{offered}; this scheduler runs {self.expected}"
             )
-        if hello.rank != 0:  # ranks of one model come with tensor parallelism
-            return f"rank {hello.rank}: this scheduler drives one executor, rank 0"
+        if not 0 <= hello.rank < self.ranks:
+            return f"rank {hello.rank}: this scheduler drives ranks 0 to {self.ranks - 1}"
+        shape = ("num_blocks", "max_model_len")
+        for rank, other in self.offers.items():
+            if rank != hello.rank and rank in self.peers:
+                differ = [f"{name} {getattr(hello, name)} where rank {rank} has "
+                          f"{getattr(other, name)}" for name in shape
+                          if getattr(hello, name) != getattr(other, name)]  # fmt: skip
+                if differ:
+                    return f"rank {hello.rank} disagrees with its group: {', '.join(differ)}"
         return ""
 
     def _send(self, identity: bytes, frame: bytes) -> bool:

@@ -55,6 +55,7 @@ class SchedulerService:
             config.engine.max_num_seqs,
             served_name(path),
             self.model.vocab_size,
+            config.engine.tensor_parallel_size,
         )
         self.metrics = SchedulerMetrics()
         self.scheduler: Scheduler | None = None
@@ -198,7 +199,7 @@ class SchedulerService:
         if reason:
             log.error("refused an executor: %s", reason)
             return
-        self.link.peers[hello.rank] = identity
+        self.link.peers[hello.rank], self.link.offers[hello.rank] = identity, hello
         log.info("executor rank %d registered with %d KV blocks", hello.rank, hello.num_blocks)
         if self.scheduler is not None and self.ready:
             self.scheduler.restart(hello.num_blocks)  # a replacement: its cache is empty

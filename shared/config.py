@@ -23,10 +23,15 @@ class EngineConfig:
     max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
     block_size: int = setting(16, "tokens per KV-cache block")
     max_num_seqs: int = setting(128, "sequences one step may run")
+    tensor_parallel_size: int = setting(
+        1, "executor ranks that split each layer of the model between them (torch.distributed)"
+    )
 
     def __post_init__(self) -> None:
-        if self.block_size <= 0 or self.max_num_seqs <= 0:
-            raise ValueError("--block-size and --max-num-seqs must be positive")
+        if self.block_size <= 0 or self.max_num_seqs <= 0 or self.tensor_parallel_size <= 0:
+            raise ValueError(
+                "--block-size, --max-num-seqs and --tensor-parallel-size must be positive"
+            )
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("--max-model-len must be positive")
 

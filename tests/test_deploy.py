@@ -5,6 +5,7 @@ Prometheus scrape targets and the Grafana dashboard."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -22,8 +23,12 @@ def settings(service: str) -> object:
     """What the compose service runs with: its command's flags, then the stack's variables."""
     stack = compose()
     args = build_parser().parse_args(stack["services"][service]["command"])
-    environ = {**stack["x-turnstile"]["environment"], "TURNSTILE_CURVE_SECRET_KEY": "k"}
-    return settings_of(args, environ)
+    # As compose expands them with the variables unset: ${NAME:-default} is the default.
+    environ = {
+        name: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+        for name, value in stack["x-turnstile"]["environment"].items()
+    }
+    return settings_of(args, environ | {"TURNSTILE_CURVE_SECRET_KEY": "k"})
 
 
 def test_every_turnstile_service_runs_a_real_subcommand_with_valid_flags() -> None:
@@ -96,3 +101,12 @@ def test_dashboard_queries_only_series_that_exist() -> None:
         "turnstile:scheduler_plans_in_flight",
     ):  # fmt: skip
         assert series in exprs
+
+
+def test_the_tp2_profile_adds_a_second_rank_that_meets_the_first() -> None:
+    first, second = settings("executor").runner, settings("executor-rank1").runner
+    assert (first.executor.rank, second.executor.rank) == (0, 1)
+    meet = first.executor.distributed_init_method
+    assert meet == second.executor.distributed_init_method == "tcp://executor:29517"
+    assert compose()["services"]["executor"]["hostname"] == "executor"
+    assert "29517" in compose()["services"]["executor"]["expose"]

@@ -49,7 +49,12 @@ def test_booleans_and_unset_values_from_variables_and_flags() -> None:
         ([], {}, "block-size: [1]\n", "block_size in"),
         ([], {}, "blok-size: 16\n", "'blok_size'"),
         ([], {}, "- a list\n", "a mapping"),
-        (["--block-size", "0"], {}, "", "--block-size and --max-num-seqs must be positive"),
+        (
+            ["--block-size", "0"],
+            {},
+            "",
+            "--block-size, --max-num-seqs and --tensor-parallel-size must be positive",
+        ),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it(

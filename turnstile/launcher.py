@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -72,6 +73,10 @@ ENTRY_POINTS = {
 class Service:
     name: str  # in ENTRY_POINTS
     config: Any  # what its entry point takes
+    title: str = ""  # for ps; the name where empty
+    # Services that live and die together: tensor-parallel ranks, whose survivors cannot go on
+    # without the one that died.
+    group: str = ""
 
 
 def run_service(service: Service) -> None:
@@ -89,12 +94,29 @@ def stack(config: ServeConfig, run_dir: Path) -> list[Service]:
     scheduler = SchedulerServiceConfig(
         config.engine, addresses, config.scheduling, config.admission, metrics
     )
-    runner = RunnerConfig(config.engine, config.executor)
+    ranks = config.engine.tensor_parallel_size
+    meet = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else "unused"
+    executors = []
+    for rank in range(ranks):
+        executor = dataclasses.replace(config.executor, rank=rank, distributed_init_method=meet)
+        runner = RunnerConfig(config.engine, executor)
+        port = executor_metrics.metrics_port
+        own = executor_metrics if port is None else dataclasses.replace(
+            executor_metrics, metrics_port=port + rank)  # fmt: skip
+        executors.append(Service("executor", ExecutorServiceConfig(runner, addresses, own),
+                                 "executor" if rank == 0 else f"executor {rank}",
+                                 "executors" if ranks > 1 else ""))  # fmt: skip
     return [
         Service("scheduler", scheduler),
-        Service("executor", ExecutorServiceConfig(runner, addresses, executor_metrics)),
+        *executors,
         Service("gateway", GatewayServiceConfig(config.engine, addresses, config.gateway)),
     ]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def configure_logging(name: str) -> None:
@@ -105,7 +127,7 @@ def configure_logging(name: str) -> None:
 
 
 def _child(service: Service) -> None:
-    setproctitle.setproctitle(f"turnstile {service.name}")  # what ps and process managers show
+    setproctitle.setproctitle(f"turnstile {service.title or service.name}")  # for ps
     configure_logging(service.name)
     with contextlib.suppress(KeyboardInterrupt):
         run_service(service)
@@ -157,12 +179,18 @@ def supervise(stack: list[Service], url: str, ready_timeout: float) -> int:
                 continue
             now = time.monotonic()
             restarts[index] = [t for t in restarts[index] if now - t < RESTART_WINDOW] + [now]
-            name = stack[index].name
+            name = stack[index].title or stack[index].name
             if len(restarts[index]) > MAX_RESTARTS:
                 print(f"turnstile: {name} keeps dying; stopping", file=sys.stderr)
                 stopping, code = True, 1
                 break
             print(f"turnstile: {name} exited ({child.exitcode}); restarting", file=sys.stderr)
+            group = stack[index].group
+            for other, service in enumerate(stack):  # the rest of its group goes down with it
+                if group and service.group == group and other != index:
+                    children[other].kill()
+                    children[other].join()
+                    children[other] = _start(service)
             children[index] = _start(stack[index])
         if not announced and not stopping:
             if healthy(url):

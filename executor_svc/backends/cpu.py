@@ -63,7 +63,7 @@ class CpuNativeBackend(Backend):
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
-        if NativeDecode.supports(model.info):
+        if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
             self._native = NativeDecode(model.info, model.layers, model.rotations)
 
     def route(self, layout: StepLayout) -> Route:

@@ -37,7 +37,8 @@ class CudaBackend(Backend):
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
-        if self.device.type == "cuda" and not self.config.executor.enforce_eager:
+        eager = self.config.executor.enforce_eager or model.tp.size > 1  # not captured yet
+        if self.device.type == "cuda" and not eager:
             engine = self.config.engine
             max_len = engine.max_model_len or self.info.max_model_len
             self._graphs = DecodeGraphs(

@@ -16,7 +16,10 @@ import torch.nn.functional as F
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import ProjectionFactory
+from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.shared.model_info import ModelInfo
+
+ALL = slice(None)
 
 
 def rope_inverse_frequencies(info: ModelInfo) -> torch.Tensor:
@@ -54,26 +57,42 @@ class LlamaModel:
         activation_dtype: torch.dtype,
         device: torch.device,
         projection: ProjectionFactory,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         """Weights in `dtype` on `device`; activations, norms and the KV cache in
-        `activation_dtype`; each projection made by the backend's `projection`."""
+        `activation_dtype`; each projection made by the backend's `projection`; with `tp`,
+        this rank's share of every layer (`tensor_parallel.py`)."""
         self.info = info
         self.dtype = dtype
         self.activation_dtype = activation_dtype
+        self.tp = tp
+        queries, kv = tp.heads(info)
+        head_dim = info.head_dim
+        self.num_heads, self.num_kv_heads = queries.stop - queries.start, kv.stop - kv.start
+        inner = tp.intermediate(info.intermediate_size)
+        self.vocab = tp.vocab(info.vocab_size)
 
-        def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
-            return weights[name].to(device=device, dtype=as_dtype).contiguous()
+        def take(name: str, as_dtype: torch.dtype = dtype, rows: slice = ALL,
+                 cols: slice = ALL) -> torch.Tensor:  # fmt: skip
+            share = weights[name][rows] if weights[name].dim() == 1 else weights[name][rows, cols]
+            return share.to(device=device, dtype=as_dtype).contiguous()
+
+        def heads(s: slice) -> slice:
+            return slice(s.start * head_dim, s.stop * head_dim)
 
         def qkv(attn: str, kind: str) -> torch.Tensor:
-            q, k, v = (take(f"{attn}{p}_proj.{kind}") for p in "qkv")
-            q = interleave_rotary_halves(q, info.num_heads, info.head_dim)
-            k = interleave_rotary_halves(k, info.num_kv_heads, info.head_dim)
-            return torch.cat((q, k, v))
+            q, k, v = (weights[f"{attn}{p}_proj.{kind}"] for p in "qkv")
+            q = interleave_rotary_halves(q, info.num_heads, head_dim)[heads(queries)]
+            k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
+            return torch.cat((q, k, v[heads(kv)])).to(device=device, dtype=dtype).contiguous()
 
-        self.embed_weight = take("model.embed_tokens.weight")
+        self.embed_weight = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
         self.norm = take("model.norm.weight", self.activation_dtype)
         tied = "lm_head.weight" not in weights
-        self.lm_head = projection(self.embed_weight if tied else take("lm_head.weight"), None)
+        head = (
+            self.embed_weight if tied else self._vocab_rows(take("lm_head.weight", rows=self.vocab))
+        )
+        self.lm_head = projection(head, None)
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
@@ -83,15 +102,20 @@ class LlamaModel:
                 LayerWeights(
                     input_norm=take(prefix + "input_layernorm.weight", self.activation_dtype),
                     qkv=projection(qkv(attn, "weight"), bias),
-                    o_proj=projection(take(attn + "o_proj.weight"), None),
+                    o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
                     post_norm=take(
                         prefix + "post_attention_layernorm.weight", self.activation_dtype
                     ),
                     gate_up=projection(
-                        torch.cat((take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight"))),
+                        torch.cat(
+                            (
+                                take(mlp + "gate_proj.weight", rows=inner),
+                                take(mlp + "up_proj.weight", rows=inner),
+                            )
+                        ),
                         None,
                     ),
-                    down=projection(take(mlp + "down_proj.weight"), None),
+                    down=projection(take(mlp + "down_proj.weight", cols=inner), None),
                 )
             )
         positions = torch.arange(info.max_model_len, dtype=torch.float32)
@@ -100,8 +124,20 @@ class LlamaModel:
         self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
         self.scale = info.head_dim**-0.5
 
+    def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the vocabulary, padded with zero rows to the common width."""
+        width = self.vocab.stop - self.vocab.start
+        if weight.shape[0] == width:
+            return weight
+        return torch.cat((weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])))
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
+        local = input_ids - self.vocab.start
+        mine = (local >= 0) & (local < self.embed_weight.shape[0])
+        rows = F.embedding(local.clamp(0, self.embed_weight.shape[0] - 1), self.embed_weight)
+        return self.tp.all_reduce((rows * mine[:, None]).to(self.activation_dtype))
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._rms_norm(hidden, self.norm)
@@ -126,8 +162,8 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Every layer over `hidden` (embedded tokens), attended by `batch`; before the final
         norm."""
-        info = self.info
-        heads, kv_heads, head_dim = info.num_heads, info.num_kv_heads, info.head_dim
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.info.head_dim
+        tp = self.tp
         rotations = self.rotations[positions].unsqueeze(1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self._rms_norm(hidden, layer.input_norm)
@@ -139,11 +175,14 @@ class LlamaModel:
             # Q and K heads rotate together: one set of ops a layer instead of two.
             q, k = self._rotate(qk, rotations).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale)
-            hidden = layer.o_proj(attn.reshape(-1, heads * head_dim), residual=hidden)
+            # Row-parallel: each rank's partial sum, the residual added once, then summed.
+            residual = hidden if tp.first else None
+            hidden = tp.all_reduce(layer.o_proj(attn.reshape(-1, heads * head_dim), residual))
             x = self._rms_norm(hidden, layer.post_norm)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = layer.down(F.silu(gate) * up, residual=hidden)
+            residual = hidden if tp.first else None
+            hidden = tp.all_reduce(layer.down(F.silu(gate) * up, residual=residual))
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.tp.gather_vocab(self.lm_head(hidden).float(), self.info.vocab_size)

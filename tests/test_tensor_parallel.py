@@ -1,0 +1,139 @@
+"""Tensor parallelism through real stacks: ranks over torch.distributed (gloo) give exactly the
+single executor's tokens, greedy and seeded, with prompts chunked and preempted; a killed rank
+takes its group down and back, and every stream still ends as undisturbed; a rank whose shape
+differs from its group's is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import openai
+import pytest
+from test_failures import run_with_fault, wait_until_whole
+
+from turnstile.bench.server_process import Server, launched_server
+from turnstile.executor_svc.tensor_parallel import ShardingError, TensorParallel
+from turnstile.scheduler_svc.executor_link import ExecutorLink
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.protocol import PROTOCOL_VERSION, Register
+
+pytestmark = pytest.mark.slow  # starts stacks
+
+PROMPTS = [
+    [(7 * i + 3 * j) % 500 + 5 for j in range(length)] for i, length in enumerate((3, 40, 17, 90))
+]
+# A small cache and budget: prompts go in chunks and rows are preempted.
+TIGHT = ("--dtype", "float32", "--num-blocks", "16", "--block-size", "8",
+         "--max-num-batched-tokens", "32", "--max-num-seqs", "4")  # fmt: skip
+
+
+def tiny_llama(folder: Path) -> Path:
+    """4 query heads, 2 KV heads, random weights, written by transformers."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, initializer_range=0.2,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(tokenizer_json(512))
+    return folder
+
+
+def tokenizer_json(vocab: int) -> str:
+    import json
+
+    words = {f"w{i}": i for i in range(vocab)}
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+        "decoder": None, "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
+    })  # fmt: skip
+
+
+def answers(server: Server, model: str) -> list[list[str]]:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    async def all_at_once() -> list[list[str]]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        greedy = [aclient.completions.create(model=model, prompt=p, max_tokens=24,
+                                             temperature=0, extra_body={"ignore_eos": True})
+                  for p in PROMPTS]  # fmt: skip
+        seeded = [aclient.completions.create(model=model, prompt=p, max_tokens=24,
+                                             temperature=0.9, seed=i)
+                  for i, p in enumerate(PROMPTS)]  # fmt: skip
+        done = await asyncio.gather(*greedy, *seeded)
+        return [[c.choices[0].text for c in done]]
+
+    assert client.models.list().data
+    return asyncio.run(all_at_once())
+
+
+@pytest.mark.parametrize("ranks", [2])
+def test_ranks_give_the_single_executors_tokens_on_a_tiny_llama(ranks: int, tmp_path: Path) -> None:
+    folder = tiny_llama(tmp_path)
+    runs = []
+    for size in (1, ranks):
+        with launched_server("--model", str(folder), "--tensor-parallel-size", str(size),
+                             *TIGHT) as server:  # fmt: skip
+            runs.append(answers(server, folder.name))
+            if size > 1:
+                assert server.service(f"executor {size - 1}").is_running()  # a rank of its own
+                assert server.scrape()["turnstile:num_preemptions_total"] >= 1
+    assert runs[0] == runs[1]
+    assert len(set(runs[0][0])) > 4  # not degenerate
+
+
+def test_three_ranks_give_the_single_executors_tokens_on_the_embedded_model() -> None:
+    runs = []
+    for size in (1, 3):  # 9 query heads and 3 KV heads: one KV head a rank
+        with launched_server("--tensor-parallel-size", str(size), *TIGHT) as server:
+            runs.append(answers(server, "SmolLM2-135M-Instruct"))
+    assert runs[0] == runs[1]
+
+
+def test_a_killed_rank_restarts_its_group_and_every_stream_finishes_as_undisturbed(
+    tmp_path: Path,
+) -> None:
+    folder = tiny_llama(tmp_path)
+    with launched_server("--model", str(folder), "--served-model-name", "SmolLM2-135M-Instruct",
+                         "--tensor-parallel-size", "2", "--dtype", "float32",
+                         "--num-blocks", "256") as server:  # fmt: skip
+        undisturbed = asyncio.run(run_with_fault(server.url, None))
+        assert all(text and not errors for text, errors in undisturbed)
+
+        def kill_rank_1() -> None:
+            os.kill(server.service("executor 1").pid, signal.SIGKILL)
+
+        rank_0 = server.service("executor").pid
+        disturbed = asyncio.run(run_with_fault(server.url, kill_rank_1))
+        assert disturbed == undisturbed
+        assert server.service("executor").pid != rank_0  # the whole group was restarted
+        wait_until_whole(server)
+
+
+def register(rank: int, num_blocks: int) -> Register:
+    return Register(PROTOCOL_VERSION, rank, "m", 512, num_blocks, 16, 8, 256)
+
+
+def test_a_rank_that_differs_from_its_group_is_refused_by_name() -> None:
+    link = ExecutorLink("inproc://tp-test", 16, 8, "m", 512, tensor_parallel_size=2)
+    first = register(0, 100)
+    assert link.refusal(first) == ""
+    link.peers[0], link.offers[0] = b"rank0", first
+    assert "num_blocks 90 where rank 0 has 100" in link.refusal(register(1, 90))
+    assert link.refusal(register(1, 100)) == ""
+    assert "ranks 0 to 1" in link.refusal(register(2, 100))
+
+
+def test_a_model_the_ranks_cannot_split_is_refused_naming_its_shape() -> None:
+    info = read_model_info(embedded_model_path())  # 9 query heads, 3 KV heads
+    TensorParallel(0, 3).check(info)
+    with pytest.raises(ShardingError, match="9 query heads"):
+        TensorParallel(0, 2).check(info)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import openai
@@ -137,3 +138,42 @@ def test_a_model_the_ranks_cannot_split_is_refused_naming_its_shape() -> None:
     TensorParallel(0, 3).check(info)
     with pytest.raises(ShardingError, match="9 query heads"):
         TensorParallel(0, 2).check(info)
+
+
+def test_a_rank_started_with_other_num_blocks_is_refused_by_name(tmp_path: Path) -> None:
+    """Real processes: a scheduler for two ranks, and two executors whose --num-blocks differ.
+    Whichever registers second is refused, and says why."""
+    import subprocess
+    import sys
+
+    from turnstile.launcher import free_port
+
+    folder = tiny_llama(tmp_path / "model")
+    common = ["--model", str(folder), "--tensor-parallel-size", "2",
+              "--scheduler-address", f"ipc://{tmp_path}/s.sock",
+              "--executors-address", f"ipc://{tmp_path}/e.sock"]  # fmt: skip
+    meet = ["--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--dtype", "float32"]
+
+    def turnstile(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "turnstile.cli", *args],
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    processes = [turnstile("scheduler", *common)]
+    ranks = [turnstile("executor", *common, *meet, "--rank", str(rank), "--num-blocks", blocks)
+             for rank, blocks in ((0, "64"), (1, "32"))]  # fmt: skip
+    processes += ranks
+    try:
+        deadline = time.monotonic() + 90
+        while all(rank.poll() is None for rank in ranks):
+            assert time.monotonic() < deadline, "neither rank was refused"
+            time.sleep(0.2)
+        refused = next(rank for rank in ranks if rank.poll() is not None)
+        assert refused.returncode != 0
+        error = refused.stderr.read()
+        assert "refused this executor" in error and "disagrees with its group" in error
+        assert "num_blocks 32 where rank 0 has 64" in error or (
+            "num_blocks 64 where rank 1 has 32" in error)  # fmt: skip
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()

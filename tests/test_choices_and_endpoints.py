@@ -5,6 +5,7 @@ max_tokens defaults, the token endpoints, served names and a chat template file.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -154,6 +155,7 @@ def test_tokenize_detokenize_and_version(client: openai.OpenAI, root: openai.Ope
 def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
     template = tmp_path / "template.jinja"
     template.write_text(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Start with the user') }}{% endif %}"
         "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}"
     )
@@ -176,6 +178,35 @@ def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
         assert text["prompt"] == "[user] Hi\n[assistant]"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+        with pytest.raises(openai.BadRequestError) as refusal:  # the template's own words
+            client.chat.completions.create(
+                model="first", messages=[{"role": "assistant", "content": "Hi"}], max_tokens=1
+            )
+        assert "Start with the user" in refusal.value.body["message"]
+
+
+@pytest.mark.parametrize("generation_config", ["auto", "none"])
+def test_the_models_generation_config_fills_what_a_request_leaves_out(
+    tmp_path: Path, generation_config: str
+) -> None:
+    """A model folder whose generation_config.json asks for greedy decoding: requests without a
+    temperature decode greedily under --generation-config auto, and sample under none."""
+    import json
+
+    from test_tensor_parallel import tiny_llama
+
+    folder = tiny_llama(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
+    with launched_server("--model", str(folder), "--dtype", "float32", "--num-blocks", "64",
+                         "--generation-config", generation_config) as server:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        args = dict(model=folder.name, prompt="w5 w6 w7", max_tokens=12)
+        greedy = client.completions.create(**args, temperature=0).choices[0].text
+        left_out = {client.completions.create(**args, seed=s).choices[0].text for s in range(4)}
+    if generation_config == "auto":
+        assert left_out == {greedy}
+    else:
+        assert left_out != {greedy}  # temperature 1: the draws differ from greedy
 
 
 def test_usage_counts_the_prompt_tokens_found_cached(client: openai.OpenAI) -> None:

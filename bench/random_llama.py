@@ -8,18 +8,22 @@ import json
 import sys
 from pathlib import Path
 
+FOR_TWO_RANKS = dict(
+    vocab_size=49152, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)  # fmt: skip
 
-def write(folder: Path) -> None:
+
+def write(folder: Path, **shape: object) -> Path:
+    """A random Llama of `shape` (transformers' LlamaConfig fields; FOR_TWO_RANKS by default)
+    in `folder`, with a tokenizer whose words are w0, w1, ..."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )  # fmt: skip
+    config = transformers.LlamaConfig(**(shape or FOR_TWO_RANKS))
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     words = {f"w{i}": i for i in range(config.vocab_size)}
     (folder / "tokenizer.json").write_text(json.dumps({
@@ -27,6 +31,7 @@ def write(folder: Path) -> None:
         "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
         "decoder": None, "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
     }))  # fmt: skip
+    return folder
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import openai
 import pytest
 from test_failures import run_with_fault, wait_until_whole
 
+from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
 from turnstile.executor_svc.tensor_parallel import ShardingError, TensorParallel
 from turnstile.scheduler_svc.executor_link import ExecutorLink
@@ -33,29 +34,11 @@ TIGHT = ("--dtype", "float32", "--num-blocks", "16", "--block-size", "8",
 
 def tiny_llama(folder: Path) -> Path:
     """4 query heads, 2 KV heads, random weights, written by transformers."""
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    return random_llama.write(
+        folder, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False, initializer_range=0.2,
     )  # fmt: skip
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(tokenizer_json(512))
-    return folder
-
-
-def tokenizer_json(vocab: int) -> str:
-    import json
-
-    words = {f"w{i}": i for i in range(vocab)}
-    return json.dumps({
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-        "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
-        "decoder": None, "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
-    })  # fmt: skip
 
 
 def answers(server: Server, model: str) -> list[list[str]]:

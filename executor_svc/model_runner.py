@@ -31,8 +31,7 @@ class ModelRunner:
         self.config = config
         engine, executor = config.engine, config.executor
         self.info: ModelInfo = read_model_info(config.model_path)
-        self.tp = TensorParallel(executor.rank, engine.tensor_parallel_size)
-        self.tp.check(self.info)
+        TensorParallel(executor.rank, engine.tensor_parallel_size).check(self.info)
         self.backend = create_backend(config, self.info)
         self.tp = join_group(
             executor.rank,
@@ -138,7 +137,9 @@ class ModelRunner:
         sampled, logprobs = result.to_host()
         self.applier.commit(sampled)
         prompt = step.sampling.host.prompt
-        prompt_logprobs = fold(prompt, table.cpu().numpy()) if prompt and table is not None else []
+        prompt_logprobs = (
+            [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
+        )
         return StepResult(
             step=plan.step,
             sampled=pack_ids(sampled),

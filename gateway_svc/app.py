@@ -30,7 +30,6 @@ from turnstile.gateway_svc.request_types import ChatCompletionRequest, Completio
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.shared.metrics_server import every_service_metrics
-from turnstile.shared.protocol import AddRequest
 from turnstile.shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -154,7 +153,8 @@ class Gateway:
             for ids in prompts
         ]
         n = request.n or 1
-        self._check_capacity(messages, n)
+        for ids, message in zip(prompts, messages, strict=True):
+            self._check_capacity(len(ids), message.max_tokens, n)
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         prompt_tokens = sum(map(len, prompts))
@@ -184,19 +184,17 @@ class Gateway:
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response
 
-    def _check_capacity(self, messages: list[AddRequest], n: int) -> None:
+    def _check_capacity(self, prompt: int, max_tokens: int, n: int) -> None:
         """Refuse `n` choices whose KV blocks, the prompt's shared, exceed the whole cache."""
         status, size = self.engine.status, self.block_size
         if n == 1 or status is None or not status.num_blocks:
             return
-        for message in messages:
-            prompt = len(message.prompt_ids) // 4
-            own = -(-(prompt + message.max_tokens) // size) - prompt // size
-            needed = prompt // size + n * own
-            if needed > status.num_blocks:
-                raise ApiError(
-                    400,
-                    f"n={n} choices of this prompt need {needed} KV blocks; the cache holds "
-                    f"{status.num_blocks}. Lower n or max_tokens.",
-                    param="n",
-                )
+        own = -(-(prompt + max_tokens) // size) - prompt // size
+        needed = prompt // size + n * own
+        if needed > status.num_blocks:
+            raise ApiError(
+                400,
+                f"n={n} choices of this prompt need {needed} KV blocks; the cache holds "
+                f"{status.num_blocks}. Lower n or max_tokens.",
+                param="n",
+            )

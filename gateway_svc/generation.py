@@ -147,7 +147,8 @@ class Generation:
         text = choice.text
         while True:
             event = await stream.events.get()
-            if siblings and not (isinstance(event, End) and event.reason in _REFUSALS):
+            computed = not isinstance(event, PromptEntries)  # those come with each chunk
+            if siblings and computed and not (isinstance(event, End) and event.reason in _REFUSALS):
                 # The prompt is computed: the other choices start on its cached blocks.
                 for offset, sibling in enumerate(siblings, start=1):
                     self._tasks.append(asyncio.get_running_loop().create_task(

@@ -105,8 +105,8 @@ class SchedulerService:
         self.in_flight.clear()
         self.lost_since = time.monotonic()
         self.scheduler.restart(self.scheduler.pool.num_blocks, failure=why)
+        self._send_status()  # first: a client told of a failed request then finds us unready
         self._flush_finished()
-        self._send_status()
 
     def _probe_executors(self) -> None:
         gone = self.link.probe()

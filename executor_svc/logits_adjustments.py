@@ -130,3 +130,11 @@ def adjust(logits: torch.Tensor, device: dict[str, torch.Tensor]) -> None:
         # Frequency and presence (output tokens only), OpenAI's definition.
         chosen -= frequency[:, None] * counts + presence[:, None] * (counts > 0)
         logits[rows] = chosen
+
+
+def mask_by_grammar(logits: torch.Tensor, rows: torch.Tensor, words: torch.Tensor) -> None:
+    """Mask (in place) what each grammar row's bitmask forbids: bit j of its word w is token
+    32w + j (xgrammar's layout)."""
+    bits = torch.arange(32, device=logits.device)
+    allowed = ((words[:, :, None] >> bits) & 1).reshape(len(rows), -1)[:, : logits.shape[1]]
+    logits[rows] = logits[rows].masked_fill(allowed == 0, -float("inf"))

@@ -10,15 +10,17 @@ import torch
 
 from turnstile.executor_svc.backend import DeviceStep
 from turnstile.executor_svc.backends import create_backend
+from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.executor_svc.plan_applier import PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Sampled, SamplingArrays
+from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
 from turnstile.shared.model_info import ModelInfo, read_model_info
-from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
+from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids, unpack_ids
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ class ModelRunner:
         ]
         self.backend.bind(self.model, self.kv_caches)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
+        self.grammars = Grammars(config.model_path, self.info)
+        self._mask_staging = Staging(self.device)  # the grammars' masks, once the step runs
         # Unseeded rows draw keys from this generator: every rank seeds it alike.
         self._rng = np.random.default_rng(self.tp.shared_seed(self.device))
         self.load_seconds = time.perf_counter() - started
@@ -86,6 +90,7 @@ class ModelRunner:
             self.config.engine.max_num_seqs, self.max_model_len, self.config.engine.block_size
         )
         self.applier.step = first_step - 1
+        self.grammars = Grammars(self.config.model_path, self.info)
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info
@@ -112,11 +117,19 @@ class ModelRunner:
         return self.backend.upload(inputs, sampling)
 
     @torch.inference_mode()
-    def run(self, step: DeviceStep) -> tuple[Sampled, torch.Tensor | None]:
+    def run(
+        self, step: DeviceStep, constrained: np.ndarray | None = None
+    ) -> tuple[Sampled, torch.Tensor | None]:
         """Forward and sample, all on the device: no host sync until `Sampled.to_host`; with
-        the prompt logprobs asked for, their table."""
+        the prompt logprobs asked for, their table. `constrained`: the sampling rows' request
+        ids, where some have a grammar."""
         hidden = self.backend.forward(step)
         logits = self.model.logits(hidden[step.logits_indices])
+        mask = None if constrained is None else self.grammars.bitmask(constrained)
+        if mask is not None:  # computed on the host while the device computes the logits
+            rows, words = mask
+            on = self._mask_staging.upload({"grammar_rows": rows, "grammar_mask": words})
+            step.sampling.device |= on
         prompt = step.sampling.host.prompt
         table = None
         if prompt is not None:
@@ -129,13 +142,17 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> StepResult:
         inputs = self.applier.apply(plan)
+        self.follow_grammars(plan)
         if len(inputs.rows) == 0:
             self.applier.commit(np.empty(0, dtype=np.int64))
             return StepResult(step=plan.step)
         step = self.upload(inputs)
-        result, table = self.run(step)
+        constrained = self.applier.batch.req_ids[inputs.sample_rows] if self.grammars else None
+        result, table = self.run(step, constrained)
         sampled, logprobs = result.to_host()
         self.applier.commit(sampled)
+        if constrained is not None:
+            self.grammars.accept(constrained, sampled)
         prompt = step.sampling.host.prompt
         prompt_logprobs = (
             [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
@@ -145,4 +162,16 @@ class ModelRunner:
             sampled=pack_ids(sampled),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            refused=self.grammars.take_refused(),
         )
+
+    def follow_grammars(self, plan: BatchPlan) -> None:
+        """Matchers for the constrained requests that joined; none for those that left."""
+        if self.grammars and plan.removed:
+            self.grammars.leave(unpack_ids(plan.removed))
+        for new in plan.new:
+            if new.sampling.grammar is not None:
+                tokens = unpack_ids(new.token_ids)
+                self.grammars.join(
+                    new.req_id, new.sampling.grammar, tokens[new.num_prompt_tokens :]
+                )

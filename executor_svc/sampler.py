@@ -1,6 +1,6 @@
-"""Token selection on the step's device: the requests' logits adjustments, greedy,
-temperature, min-p, top-k, top-p, per-request seeds, top-N logprobs (of the raw logits, as
-vLLM's default).
+"""Token selection on the step's device: the grammars' masks, the requests' logits
+adjustments, greedy, temperature, min-p, top-k, top-p, per-request seeds, top-N logprobs (of
+the raw logits, as vLLM's default).
 
 The host turns the rows' parameters into arrays once a step (`SamplingArrays`); they travel to
 the device with the step's other inputs, and `sample` runs there with no host sync. Each
@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnstile.executor_svc.logits_adjustments import History, LogitsAdjustments, adjust
+from turnstile.executor_svc.logits_adjustments import (
+    History,
+    LogitsAdjustments,
+    adjust,
+    mask_by_grammar,
+)
 from turnstile.executor_svc.prompt_logprobs import PromptPositions
 from turnstile.shared.protocol import SamplingParams
 
@@ -192,6 +197,8 @@ def sample(
     """Tokens for each row of float32 `logits`, on their device."""
     host, device = batch.host, batch.device
     raw = None if host.logprob_rows is None else logits[device["logprob_rows"]]  # a copy
+    if "grammar_rows" in device:  # structured output: what each row's grammar allows
+        mask_by_grammar(logits, device["grammar_rows"], device["grammar_mask"])
     if host.adjustments.arrays:
         adjust(logits, device)
     tokens = argmax(logits)

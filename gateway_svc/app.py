@@ -28,7 +28,9 @@ from turnstile.gateway_svc.openai_api import (
 from turnstile.gateway_svc.openapi import openapi_document
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
+from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
+from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
 from turnstile.shared.metrics_server import every_service_metrics
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -61,8 +63,10 @@ class Gateway:
         block_size: int,
         api_key: str | None = None,
         sampling_defaults: dict[str, float] | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         self.engine = engine
+        self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
         self.sampling_defaults = sampling_defaults or {}
         self.tokenizer = tokenizer
         self.served_names = served_names
@@ -141,14 +145,18 @@ class Gateway:
         chat = isinstance(request, ChatCompletionRequest)
         endpoint = "chat" if chat else "completions"
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
+        tools = tool_mode(request, self.tool_parser) if chat else None
+        constraint = grammar_of(request, forced_call(request, tools) if chat else None)
+        grammar = None if constraint is None else constraint[1]
         prompts = await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, prompts_of, request, self.tokenizer
         )
         status = self.engine.status
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
+        defaults = self.sampling_defaults
         messages = [
             engine_request(
-                request, ids, self.max_model_len, self.tokenizer, self.sampling_defaults, kv_tokens
+                request, ids, self.max_model_len, self.tokenizer, defaults, kv_tokens, grammar
             )
             for ids in prompts
         ]
@@ -159,7 +167,10 @@ class Gateway:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         prompt_tokens = sum(map(len, prompts))
         metrics.GATEWAY_PROMPT_TOKENS.inc(prompt_tokens)
+        if constraint is not None:
+            metrics.CONSTRAINED_REQUESTS.labels(constraint[0]).inc()
         generation = Generation(self.engine, request, prompt_tokens, n)
+        generation.constraint_field = None if constraint is None else constraint[0]
         hidden = hidden_token_ids(request, self.tokenizer.info.all_eos_token_ids)
         for p, (ids, message) in enumerate(zip(prompts, messages, strict=True)):
             echo = self.tokenizer.decode(ids) if not chat and request.echo else ""
@@ -170,6 +181,8 @@ class Gateway:
                 choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices, echo)
         shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
+        if tools is not None:
+            shape.calls = CallReaders(tools, self.tool_parser, request)  # type: ignore[arg-type]
         try:
             if request.stream:
                 response = await answer_stream(http, shape, generation, request)

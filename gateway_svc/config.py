@@ -33,6 +33,21 @@ class GatewayConfig:
         "auto: generation_config.json's temperature, top_p, top_k for requests that leave them "
         "out (as vLLM); none: neutral (1, 1, off)",
     )
+    enable_auto_tool_choice: bool = setting(
+        False, 'tool_choice "auto": the model may call the tools; --tool-call-parser reads them'
+    )
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = setting(
+        None, "how the model writes its tool calls (vLLM's parser names)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The parser of "auto" tool calls; None: "auto" is refused."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
 
 @dataclass(slots=True, frozen=True)

@@ -32,6 +32,7 @@ Logprobs = list[list[tuple[int, float]]]
 # How a refusal from the scheduler reaches the client: status, OpenAI error type, headers.
 _REFUSALS = {
     "error": (400, "invalid_request_error", {}),
+    "grammar": (400, "invalid_request_error", {}),
     "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
     "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
     "timeout": (504, "timeout", {}),
@@ -90,6 +91,7 @@ class Generation:
         self.request = request
         self.prompt_tokens = prompt_tokens
         self.n = n
+        self.constraint_field: str | None = None  # the field that asks for a grammar
         self.choices: list[Choice] = []
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -163,7 +165,8 @@ class Generation:
             if isinstance(event, End):
                 if event.reason in _REFUSALS:
                     status, kind, headers = _REFUSALS[event.reason]
-                    raise ApiError(status, event.error, kind, headers=headers)
+                    param = self.constraint_field if event.reason == "grammar" else None
+                    raise ApiError(status, event.error, kind, headers=headers, param=param)
                 finish = "stop" if event.reason == "stop" else event.reason
                 choice.cached_tokens = event.cached_tokens
                 self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish))
@@ -205,7 +208,12 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
         texts[piece.index].append(piece.text)
         entries[piece.index] += piece.logprobs
         finish[piece.index] = piece.finish_reason or finish[piece.index]
-    choices = [("".join(texts[i]), finish[i], shape.logprobs(entries[i], 0)) for i in range(count)]
+    choices = []
+    for i in range(count):
+        text, calls, reason = "".join(texts[i]), [], finish[i]
+        if shape.calls is not None:
+            text, calls, reason = shape.calls[i].whole(text, reason)
+        choices.append((text, reason, shape.logprobs(entries[i], 0), calls))
     prompts = [shape.prompt_logprobs(c.prompt_logprobs) for c in generation.choices]
     body = shape.whole(choices, generation.usage(), prompts)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
@@ -225,13 +233,16 @@ async def answer_stream(
     started = [False] * len(generation.choices)
     try:
         while piece is not None:
-            i = piece.index
+            i, text, calls, reason = piece.index, piece.text, [], piece.finish_reason
+            if shape.calls is not None:
+                text, calls, reason = shape.calls[i].step(text, reason)
             logprobs = shape.logprobs(piece.logprobs, offsets[i])
-            offsets[i] += len(piece.text)
+            offsets[i] += len(text)
             usage = generation.usage() if options and options.continuous_usage_stats else None
-            chunk = shape.chunk(i, piece.text, piece.finish_reason, logprobs, not started[i], usage)
-            started[i] = True
-            await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+            if text or calls or reason or logprobs or not started[i]:
+                chunk = shape.chunk(i, text, reason, logprobs, not started[i], usage, calls)
+                started[i] = True
+                await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
             piece = await anext(pieces, None)
     except ApiError as exc:
         await response.write(b"data: " + msgspec.json.encode(exc.body()) + b"\n\n")

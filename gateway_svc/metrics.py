@@ -19,3 +19,8 @@ E2E_LATENCY = Histogram(
 REQUESTS = Counter("turnstile:http_requests", "HTTP generation requests", ["endpoint", "status"])
 GATEWAY_PROMPT_TOKENS = Counter("turnstile:gateway_prompt_tokens", "Prompt tokens received")
 GATEWAY_GENERATION_TOKENS = Counter("turnstile:gateway_generation_tokens", "Tokens sent back")
+CONSTRAINED_REQUESTS = Counter(
+    "turnstile:structured_output_requests",
+    "Requests whose output a grammar constrains, by what asked for it",
+    ["field"],
+)

@@ -16,7 +16,8 @@ from turnstile.gateway_svc.request_types import (
     TokenizeChat,
 )
 from turnstile.gateway_svc.sampling_fields import sampling_params
-from turnstile.shared.protocol import AddRequest, pack_ids
+from turnstile.gateway_svc.tool_calls import template_message, template_tools
+from turnstile.shared.protocol import AddRequest, Grammar, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
 Request = CompletionRequest | ChatCompletionRequest
@@ -87,14 +88,16 @@ def chat_text(request: ChatCompletionRequest | TokenizeChat, tokenizer: Tokenize
     messages = []
     for message in request.messages:
         fields = msgspec.structs.asdict(message)
-        messages.append({k: v for k, v in fields.items() if v is not None} | {
+        messages.append(template_message({k: v for k, v in fields.items() if v is not None} | {
             "content": message_text(message)
-        })  # fmt: skip
+        }))  # fmt: skip
+    tools = template_tools(request) if isinstance(request, ChatCompletionRequest) else None
     try:
         return tokenizer.render_chat(
             messages,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
+            **({"tools": tools} if tools else {}),
             **(request.chat_template_kwargs or {}),
         )
     except ValueError as exc:
@@ -135,10 +138,12 @@ def engine_request(
     tokenizer: Tokenizer,
     sampling_defaults: dict[str, float] | None = None,
     kv_tokens: int | None = None,
+    grammar: Grammar | None = None,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
     fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
-    without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`)."""
+    without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`).
+    `grammar`: the output's constraint."""
     chat = isinstance(request, ChatCompletionRequest)
     asked = request.max_tokens
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
@@ -164,7 +169,9 @@ def engine_request(
         req_id=0,
         prompt_ids=pack_ids(prompt_ids),
         max_tokens=asked,
-        sampling=sampling_params(request, tokenizer, sampling_defaults or {}, asked),
+        sampling=msgspec.structs.replace(
+            sampling_params(request, tokenizer, sampling_defaults or {}, asked), grammar=grammar
+        ),
         stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,
         priority=request.priority,

@@ -4,7 +4,7 @@ its no-op value (`REFUSED`). The OpenAPI document is generated from these types.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -42,6 +42,30 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     tool_call_id: str | None = None
 
 
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's constraints on the output (one of json, regex, choice, grammar, json_object)."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    grammar: str | None = None  # xgrammar's EBNF (GBNF-like)
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False  # one grammar engine, never a fallback: holds either way
+
+
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Fields declared below that Turnstile refuses unless they hold one of these no-op values
     # (None, a field left out, always passes).
@@ -50,12 +74,6 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "use_beam_search": (False,),
         "length_penalty": (1.0,),
         "truncate_prompt_tokens": (),
-        "response_format": ({"type": "text"},),
-        "structured_outputs": (),
-        "guided_json": (),
-        "guided_regex": (),
-        "guided_choice": (),
-        "guided_grammar": (),
         "store": (False,),
     }
 
@@ -91,12 +109,12 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     length_penalty: refused("1") = None
     truncate_prompt_tokens: refused("null") = None
     prompt_logprobs: Logprobs | None = None  # vLLM's: each prompt token's logprob, top N
-    response_format: refused('{"type": "text"}') = None
-    structured_outputs: refused("null") = None
-    guided_json: refused("null") = None
-    guided_regex: refused("null") = None
-    guided_choice: refused("null") = None
-    guided_grammar: refused("null") = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for structured_outputs
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    guided_grammar: str | None = None
     store: refused("false") = None
     user: Unused = None
     metadata: Unused = None
@@ -162,11 +180,30 @@ class CompletionRequest(_Sampling, kw_only=True):
         return prompt  # type: ignore[return-value]
 
 
+class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None  # a forced call always follows its schema
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_Sampling, kw_only=True):
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_Sampling.REFUSED,
-        "tools": ([],),
-        "tool_choice": ("none",),
         "functions": ([],),
         "function_call": ("none",),
         "audio": (),
@@ -191,9 +228,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes the special tokens, as vLLM
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: refused("empty") = None
-    tool_choice: refused('"none"') = None
-    parallel_tool_calls: Unused = None  # tools are refused, so there is nothing to parallelise
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: a forced call is one call
     functions: refused("empty") = None
     function_call: refused('"none"') = None
     audio: refused("null") = None

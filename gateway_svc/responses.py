@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+from turnstile.gateway_svc.tool_calls import CallReaders
 from turnstile.shared.tokenizer import Tokenizer
 
 
@@ -18,6 +19,7 @@ class ResponseShape:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.tokenizer = tokenizer
+        self.calls: CallReaders | None = None  # a chat with tools: each choice's calls
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -37,7 +39,8 @@ class ResponseShape:
         text: str,
         finish_reason: str | None,
         logprobs: Any,
-        delta: dict[str, str] | None = None,
+        delta: dict[str, Any] | None = None,
+        calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
         if not self.chat:
@@ -45,7 +48,9 @@ class ResponseShape:
         elif delta is not None:
             choice["delta"] = delta
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text or None if calls else text}
+            if calls:
+                choice["message"]["tool_calls"] = calls
         return choice | {"finish_reason": finish_reason}
 
     def chunk(
@@ -56,10 +61,15 @@ class ResponseShape:
         logprobs: Any,
         first: bool = False,
         usage: dict[str, Any] | None = None,
+        calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice `index`; a chat's first one also names the role.
-        `usage`: the counts so far (vLLM's continuous_usage_stats)."""
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        `usage`: the counts so far (vLLM's continuous_usage_stats); `calls`: tool call deltas."""
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text or not calls:
+            delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         body = self._envelope([self._choice(index, text, finish_reason, logprobs, delta)], True)
         return body | {"usage": usage} if usage is not None else body
 
@@ -70,16 +80,17 @@ class ResponseShape:
 
     def whole(
         self,
-        choices: list[tuple[str, str, Any]],
+        choices: list[tuple[str, str, Any, list[dict[str, Any]]]],
         usage: dict[str, Any],
         prompt_logprobs: list[Any] | None = None,
     ) -> dict[str, Any]:
-        """The response of every choice, each (text, finish_reason, logprobs), in index order;
+        """The response of every choice, each (text, finish_reason, logprobs, tool calls), in
+        index order;
         `prompt_logprobs` (vLLM's, where asked): per choice for completions, the first
         prompt's for a chat, at the top."""
         listed = [
-            self._choice(index, text, finish, logprobs)
-            for index, (text, finish, logprobs) in enumerate(choices)
+            self._choice(index, text, finish, logprobs, calls=calls)
+            for index, (text, finish, logprobs, calls) in enumerate(choices)
         ]
         asked = bool(prompt_logprobs) and prompt_logprobs[0] is not None
         if asked and not self.chat:

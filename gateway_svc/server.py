@@ -40,6 +40,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         config.engine.block_size,
         settings.api_key,
         sampling_defaults,
+        settings.auto_tool_parser,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -27,6 +27,10 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
     if result.logprobs and len(result.logprobs) != len(sampled):
         raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
     lifecycle.in_flight.popleft()
+    for req_id, why in result.refused:  # a grammar that does not compile: the request's fault
+        req = lifecycle.requests.get(req_id)
+        if req is not None:
+            lifecycle.leave(req, "grammar", why)
     batch = lifecycle.batch
     live = record.live(batch)
     batch.fill_places(record.slots[live], record.index[live], sampled[live])

@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -28,6 +28,18 @@ def unpack_ids(raw: bytes) -> np.ndarray:
     if len(raw) % ID_DTYPE.itemsize:
         raise FrameError(f"an id array of {len(raw)} bytes is not a whole number of ids")
     return np.frombuffer(raw, dtype=ID_DTYPE)
+
+
+class Grammar(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """A request's output constraint, compiled by the executor (xgrammar): `kind` "json"
+    (`spec` a JSON schema; empty: any JSON object), "regex" or "ebnf" (xgrammar's EBNF)."""
+
+    kind: str
+    spec: str = ""
+    any_whitespace: bool = True  # JSON: any whitespace between elements, else one space
+
+
+GRAMMAR_KINDS: Final = ("json", "regex", "ebnf")
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -48,6 +60,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     min_tokens: int = 0
     min_tokens_stop_ids: list[int] = []  # banned while fewer than min_tokens are generated
     prompt_logprobs: int | None = None  # N: each prompt token's logprob and the top N
+    grammar: Grammar | None = None  # structured output: the tokens it allows, each step
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -110,6 +123,7 @@ class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     sampled: bytes = b""
     logprobs: list[list[tuple[int, float]]] = []
     prompt_logprobs: list[PromptLogprobs] = []
+    refused: list[tuple[int, str]] = []  # (req_id, why): requests it cannot run (a grammar)
 
 
 class StepFailed(msgspec.Struct, array_like=True, frozen=True, tag=10):
@@ -143,8 +157,9 @@ class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
 
 class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """How a request ended: "stop", "length", "abort", or refused: "error" (invalid),
-    "overloaded" (the waiting queue is full), "unavailable" (no executor), "failed" (its
-    executor died twice while running it); `error` says why."""
+    "grammar" (its output constraint does not compile), "overloaded" (the waiting queue is
+    full), "unavailable" (no executor), "failed" (its executor died twice while running it);
+    `error` says why."""
 
     req_id: int
     reason: str

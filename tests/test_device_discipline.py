@@ -20,7 +20,7 @@ from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.staging import Staging
 from turnstile.scheduler_svc.scheduler import Scheduler
 from turnstile.shared.config import SchedulerConfig
-from turnstile.shared.protocol import AddRequest, SamplingParams, StepResult, pack_ids
+from turnstile.shared.protocol import AddRequest, Grammar, SamplingParams, StepResult, pack_ids
 from turnstile.shared.settings import build
 
 PARAMS = [
@@ -28,6 +28,7 @@ PARAMS = [
     SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=11),
     SamplingParams(temperature=1.0, logprobs=3),
     SamplingParams(logprobs=0),
+    SamplingParams(temperature=0.7, seed=3, grammar=Grammar("regex", "(.|\n)*")),  # a mask
 ]
 
 
@@ -52,7 +53,7 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
         vocab_size=runner.info.vocab_size,
     )  # fmt: skip
     runner.reset(1)
-    prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 8], list(range(300, 317))]
+    prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 8], list(range(300, 317)), [9] * 20]
     for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True)):
         scheduler.add_request(
             AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
@@ -62,8 +63,10 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
     while scheduler.has_work:
         plan = scheduler.schedule()
         inputs = runner.applier.apply(plan)
+        runner.follow_grammars(plan)
         step = runner.upload(inputs)
-        sampled, _ = runner.run(step)
+        constrained = runner.applier.batch.req_ids[inputs.sample_rows]
+        sampled, _ = runner.run(step, constrained)
         assert sampled.tokens.device.type == "meta"
         assert sampled.tokens.shape == (len(inputs.sample_rows),)
         asking = sampled.asking
@@ -74,6 +77,8 @@ def _steps(runner: ModelRunner) -> list[set[str]]:
         kinds.append({"decode" if n == 1 else "prefill" for n in lens})
         tokens = np.full(len(inputs.sample_rows), 42, dtype=np.int64)  # meta has no values
         runner.applier.commit(tokens)
+        runner.grammars.accept(constrained, tokens)
+        assert not runner.grammars.take_refused()
         scheduler.update(StepResult(step=plan.step, sampled=pack_ids(tokens)))
     return kinds
 
@@ -86,12 +91,14 @@ def test_a_whole_cuda_step_stays_on_the_device(runner: ModelRunner) -> None:
     assert {"prefill"} in kinds and {"decode"} in kinds and {"prefill", "decode"} in kinds
 
 
-@pytest.mark.parametrize("name", ["slot_mapping", "decode_lens", "prefill_start", "temperature"])
+@pytest.mark.parametrize(
+    "name", ["slot_mapping", "decode_lens", "prefill_start", "temperature", "grammar_mask"]
+)
 def test_a_host_tensor_slipped_into_the_step_is_caught(
     runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The mutation the proof must catch: one input left on the host (a KV write's slots,
-    decode or prefill attention's lengths, the sampler's temperatures)."""
+    decode or prefill attention's lengths, the sampler's temperatures, a grammar's mask)."""
     upload = Staging.upload
 
     def leaky(self: Staging, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -52,12 +52,12 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, REFUSED),
     "prompt_logprobs": ({"prompt_logprobs": 1}, OK),
-    "response_format": ({"response_format": {"type": "json_object"}}, REFUSED),
-    "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, REFUSED),
-    "guided_json": ({"guided_json": {"type": "object"}}, REFUSED),
-    "guided_regex": ({"guided_regex": "a+"}, REFUSED),
-    "guided_choice": ({"guided_choice": ["a", "b"]}, REFUSED),
-    "guided_grammar": ({"guided_grammar": "root ::= 'a'"}, REFUSED),
+    "response_format": ({"response_format": {"type": "json_object"}}, OK),
+    "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, OK),
+    "guided_json": ({"guided_json": {"type": "object"}}, OK),
+    "guided_regex": ({"guided_regex": "a+"}, OK),
+    "guided_choice": ({"guided_choice": ["a", "b"]}, OK),
+    "guided_grammar": ({"guided_grammar": 'root ::= "a"'}, OK),
     "store": ({"store": True}, REFUSED),
     "user": ({"user": "someone"}, OK),  # accepted, not used
     "metadata": ({"metadata": {"k": "v"}}, OK),  # accepted, not used
@@ -89,8 +89,11 @@ CHAT = COMMON | {
     ),
     "add_special_tokens": ({"add_special_tokens": True}, OK),
     "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}}, OK),
-    "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, REFUSED),
-    "tool_choice": ({"tool_choice": "auto"}, REFUSED),
+    "tools": (
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+        OK,
+    ),
+    "tool_choice": ({"tool_choice": "none"}, OK),
     "parallel_tool_calls": ({"parallel_tool_calls": False}, OK),  # without tools: no effect
     "functions": ({"functions": [{"name": "f"}]}, REFUSED),
     "function_call": ({"function_call": "auto"}, REFUSED),
@@ -160,5 +163,5 @@ def test_field_refusals_in_the_openapi_document(service: Server) -> None:
     with urllib.request.urlopen(f"{service.url}/openapi.json", timeout=5) as response:
         document = msgspec.json.decode(response.read())
     chat = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-    assert "not supported" in chat["tools"]["description"]
+    assert "not supported" in chat["functions"]["description"]
     assert {"/tokenize", "/detokenize", "/version"} <= set(document["paths"])

@@ -58,4 +58,5 @@ class OfflineEngine:
                     results[req_id].logprobs.append(step.logprobs[index])
             for ended in outputs.finished:
                 results[ended.req_id].finish_reason = ended.reason
+                results[ended.req_id].error = ended.error
         return [results[request.req_id] for request in requests]

@@ -6,7 +6,8 @@ Datasets (all seeded): `random` (token ids, lengths fixed or within +-range-rati
 `shared-prefix` (--num-prefixes long prefixes of --prefix-len tokens, each prompt one of them plus
 --input-len tokens of its own). Arrivals: at --rate with gamma-distributed gaps of shape
 --burstiness (1: Poisson; below 1 burstier; inf: evenly spaced, as vLLM's bench), or --concurrency
-clients in a loop.
+clients in a loop. `--structured-output`: every request answers as JSON of `ORDER_SCHEMA`, a list
+of items with no end, so the grammar constrains each of its tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +21,23 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 import numpy as np
 import uvloop
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 24},
+                       "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
+                       "size": {"enum": ["small", "medium", "large"]}},
+        "required": ["name", "quantity", "size"],
+    }}},
+    "required": ["items"],
+}  # fmt: skip
+STRUCTURED = {
+    "response_format": {
+        "type": "json_schema", "json_schema": {"name": "order", "schema": ORDER_SCHEMA}
+    }
+}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -71,10 +89,12 @@ def make_jobs(
     raise ValueError(f"unknown dataset {dataset!r}")
 
 
-async def _one(session: aiohttp.ClientSession, url: str, model: str, job: Job) -> Outcome:
+async def _one(
+    session: aiohttp.ClientSession, url: str, model: str, job: Job, extra: dict
+) -> Outcome:
     body = {
         "model": model, "prompt": job.prompt, "max_tokens": job.output_len, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, **extra,
     }  # fmt: skip
     outcome = Outcome(ok=False, start=time.perf_counter())
     last = outcome.start
@@ -115,17 +135,18 @@ def arrival_gap(rng: np.random.Generator, rate: float, burstiness: float) -> flo
 
 def run_load(
     url: str, model: str, jobs: list[Job], rate: float, concurrency: int | None, seed: int,
-    progress: bool = True, burstiness: float = 1.0,
+    progress: bool = True, burstiness: float = 1.0, structured: bool = False,
 ) -> tuple[list[Outcome], float]:  # fmt: skip
     """Outcomes in job order and the wall time of the whole run. On uvloop: the client shares
     the CPU with the server it measures here, and takes a fifth less of it than on asyncio's
-    own loop."""
-    return uvloop.run(_load(url, model, jobs, rate, concurrency, seed, progress, burstiness))
+    own loop. `structured`: each request's answer constrained to `ORDER_SCHEMA`."""
+    extra = STRUCTURED if structured else {}
+    return uvloop.run(_load(url, model, jobs, rate, concurrency, seed, progress, burstiness, extra))
 
 
 async def _load(
     url: str, model: str, jobs: list[Job], rate: float, concurrency: int | None, seed: int,
-    progress: bool, burstiness: float,
+    progress: bool, burstiness: float, extra: dict,
 ) -> tuple[list[Outcome], float]:  # fmt: skip
     from tqdm import tqdm
 
@@ -138,7 +159,7 @@ async def _load(
 
         async def guarded(job: Job) -> Outcome:
             async with limit:
-                outcome = await _one(session, url, model, job)
+                outcome = await _one(session, url, model, job, extra)
             bar.update()
             return outcome
 

@@ -67,6 +67,11 @@ class Grammars:
     def join(self, req_id: int, grammar: Grammar, generated: np.ndarray) -> None:
         self._rows[req_id] = _Row(self._pool.submit(self._compile, grammar), generated)
 
+    def clear(self) -> None:
+        """Forget every request (a new batch); the compiled grammars stay cached."""
+        self._rows.clear()
+        self._refused.clear()
+
     def leave(self, req_ids: np.ndarray) -> None:
         for req_id in req_ids.tolist():
             self._rows.pop(req_id, None)

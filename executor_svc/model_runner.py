@@ -90,7 +90,7 @@ class ModelRunner:
             self.config.engine.max_num_seqs, self.max_model_len, self.config.engine.block_size
         )
         self.applier.step = first_step - 1
-        self.grammars = Grammars(self.config.model_path, self.info)
+        self.grammars.clear()
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info

@@ -75,6 +75,7 @@ def serve(args: argparse.Namespace) -> None:
         args.concurrency,
         args.seed,
         burstiness=args.burstiness,
+        structured=args.structured_output,
     )
     summary = serve_bench.summarize(outcomes, duration, args.slo_ttft, args.slo_tpot)
     print(json.dumps(summary, indent=2))
@@ -173,6 +174,11 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         help="shape of the gamma-distributed gaps: 1 Poisson, <1 burstier, inf evenly spaced",
     )
     command.add_argument("--concurrency", type=int, default=None)
+    command.add_argument(
+        "--structured-output",
+        action="store_true",
+        help="every answer constrained to a JSON schema (a list of items without end)",
+    )
     command.add_argument("--seed", type=int, default=0)
     command.add_argument("--slo-ttft", type=float, default=2.0, help="seconds, for goodput")
     command.add_argument("--slo-tpot", type=float, default=0.2, help="seconds, for goodput")

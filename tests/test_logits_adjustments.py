@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from turnstile.executor_svc.logits_adjustments import History, LogitsAdjustments, adjust
+from turnstile.executor_svc.logits_adjustments import (
+    History,
+    LogitsAdjustments,
+    adjust,
+    mask_by_grammar,
+)
 from turnstile.executor_svc.sampler import SamplingArrays, SamplingBatch, hashed_noise, sample
 from turnstile.executor_svc.staging import Staging
 from turnstile.shared.protocol import SamplingParams
@@ -121,3 +126,18 @@ def test_a_seeded_row_with_adjustments_is_the_same_alone_or_batched(batched_with
     together = sampled(logits[: 1 + len(others)], [seeded, *others],
                        [history] + [([2], [3])] * len(others))  # fmt: skip
     assert together[0] == alone
+
+
+def test_a_grammar_bitmask_masks_exactly_the_tokens_whose_bits_are_clear() -> None:
+    vocab, generator = 100, torch.Generator().manual_seed(5)
+    logits = torch.randn(5, vocab, generator=generator)
+    rows = torch.tensor([3, 0, 4])
+    words = torch.randint(-(2**31), 2**31, (3, 4), generator=generator)  # int32 values
+    masked = logits.clone()
+    mask_by_grammar(masked, rows, words)
+    expected = logits.clone()
+    for k, row in enumerate(rows.tolist()):
+        for token in range(vocab):
+            if not (int(words[k, token // 32]) >> (token % 32)) & 1:
+                expected[row, token] = -float("inf")
+    assert torch.equal(masked, expected)

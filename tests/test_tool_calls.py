@@ -153,3 +153,28 @@ def test_forced_calls_are_read_from_their_json(size: int) -> None:
         "", [("add", {"a": 1}), ("add", {"a": 2})], "tool_calls")  # fmt: skip
     assert read(CallReader("named", None, "add"), '{"a": 5}', size) == (
         "", [("add", {"a": 5})], "stop")  # fmt: skip
+
+
+def test_tools_and_tool_messages_reach_the_chat_template() -> None:
+    import dataclasses
+
+    from turnstile.gateway_svc.openai_api import chat_text
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import Tokenizer
+
+    template = (
+        "{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}({{ c.function.name }} a={{ c.function.arguments.a }})"
+        "{% endfor %}{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}{% endfor %}"
+    )
+    model = embedded_model_path()
+    tokenizer = Tokenizer(model, dataclasses.replace(read_model_info(model),
+                                                     chat_template=template))  # fmt: skip
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+    request = chat(tools=[TOOL], tool_choice="none", messages=[
+        {"role": "user", "content": "Add"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+    ])  # fmt: skip
+    assert chat_text(request, tokenizer) == "[add]<user>Add<assistant>(add a=2)<tool>3#c1"

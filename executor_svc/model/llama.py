@@ -8,34 +8,17 @@ projections); the backend brings the projections and attention kernels, and runs
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import ProjectionFactory
+from turnstile.executor_svc.model.rope import rope_rotations
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.shared.model_info import ModelInfo
 
 ALL = slice(None)
-
-
-def rope_inverse_frequencies(info: ModelInfo) -> torch.Tensor:
-    dim = info.head_dim
-    inv_freq = 1.0 / (info.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = info.rope_scaling or {}
-    if scaling.get("rope_type", scaling.get("type")) == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old_len = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
-    return inv_freq.float()
 
 
 def interleave_rotary_halves(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -118,10 +101,8 @@ class LlamaModel:
                     down=projection(take(mlp + "down_proj.weight", cols=inner), None),
                 )
             )
-        positions = torch.arange(info.max_model_len, dtype=torch.float32)
-        angles = torch.outer(positions, rope_inverse_frequencies(info))
         # cos + i sin per position and frequency, complex64 whatever the model's dtype.
-        self.rotations = torch.polar(torch.ones_like(angles), angles).to(device)
+        self.rotations = rope_rotations(info).to(device)
         self.scale = info.head_dim**-0.5
 
     def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:

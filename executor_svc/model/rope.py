@@ -1,0 +1,45 @@
+"""Rotary position embedding: each position's rotation of each frequency, as cos + i sin.
+
+The plain frequencies are computed here; a scaled RoPE (linear, llama3, yarn) takes its
+frequencies and its attention factor from transformers' own functions, so it is exactly what
+the model was trained with (transformers is imported only for such a model). The types that
+change with the sequence's length (dynamic, longrope) are refused at start
+(`shared/model_support.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from turnstile.shared.model_info import ModelInfo
+from turnstile.shared.model_support import rope_type
+
+
+def rope_rotations(info: ModelInfo) -> torch.Tensor:
+    """[max_model_len, head_dim / 2] complex64: position p's rotation of frequency i, scaled
+    by the attention factor (yarn's; 1 otherwise), which multiplies both q and k as in
+    transformers."""
+    inv_freq, factor = _frequencies(info)
+    positions = torch.arange(info.max_model_len, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq.float())
+    return torch.polar(torch.full_like(angles, factor), angles)
+
+
+def _frequencies(info: ModelInfo) -> tuple[torch.Tensor, float]:
+    kind = rope_type(info.rope_scaling)
+    if kind == "default":
+        exponents = torch.arange(0, info.head_dim, 2, dtype=torch.float64) / info.head_dim
+        return 1.0 / (info.rope_theta**exponents), 1.0
+    from transformers import PretrainedConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = PretrainedConfig(
+        hidden_size=info.hidden_size,
+        num_attention_heads=info.num_heads,
+        head_dim=info.head_dim,
+        max_position_embeddings=info.max_model_len,
+        rope_parameters={**(info.rope_scaling or {}), "rope_type": kind,
+                         "rope_theta": info.rope_theta},
+    )  # fmt: skip
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    return inv_freq, float(factor)

@@ -105,7 +105,8 @@ class Grammars:
                 self._fail(req_id, row, f"the grammar refused token {token}, which it allowed")
 
     def take_refused(self) -> list[tuple[int, str]]:
-        """(req_id, why) for the requests whose grammar did not compile since the last call."""
+        """(req_id, why) for the requests whose grammar failed them since the last call (it did
+        not compile, or refused a token)."""
         refused, self._refused = self._refused, []
         return refused
 

@@ -48,7 +48,7 @@ def forced_call(request: ChatCompletionRequest, mode: str | None) -> Grammar | N
     [{"name", "parameters"}] of the tools (one call where parallel_tool_calls is false)."""
     tools = request.tools or []
     if mode == "named":
-        name = request.tool_choice.function.name  # type: ignore[union-attr]
+        name = named_function(request)
         function = next(tool.function for tool in tools if tool.function.name == name)
         return Grammar("json", json.dumps(_parameters(function.parameters)))
     if mode != "required":
@@ -63,6 +63,12 @@ def forced_call(request: ChatCompletionRequest, mode: str | None) -> Grammar | N
     if request.parallel_tool_calls is False:
         schema["maxItems"] = 1
     return Grammar("json", json.dumps(schema))
+
+
+def named_function(request: ChatCompletionRequest) -> str:
+    """The function `tool_choice` names, or "" where it names none."""
+    choice = request.tool_choice
+    return choice.function.name if isinstance(choice, NamedToolChoice) else ""
 
 
 def _parameters(schema: dict[str, Any] | None) -> dict[str, Any]:
@@ -214,8 +220,7 @@ class CallReaders:
     """The `CallReader` of each choice of one request."""
 
     def __init__(self, mode: str, parser: str | None, request: ChatCompletionRequest) -> None:
-        choice = request.tool_choice
-        self._function = choice.function.name if isinstance(choice, NamedToolChoice) else ""
+        self._function = named_function(request)
         self._mode, self._parser = mode, parser
         self._readers: dict[int, CallReader] = {}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 import msgspec
 
-from turnstile.shared.model_support import check_gguf_fields, check_hf_config
+from turnstile.shared.model_support import check_gguf_fields, check_hf_config, rope_type
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,7 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     # checkpoints have top-level `rope_theta` and `rope_scaling`.
     rope = config.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    rope_scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default")
-                                                  != "default" else None)  # fmt: skip
+    rope_scaling = config.get("rope_scaling") or (rope if rope_type(rope) != "default" else None)
     return ModelInfo(
         name=path.name,
         num_layers=config["num_hidden_layers"],

@@ -97,9 +97,10 @@ def test_n_choices_compute_the_prompt_once(service: Server, client: openai.OpenA
         - before["turnstile:prefix_cache_queries_total"]
     )
     found = after["turnstile:prefix_cache_hits_total"] - before["turnstile:prefix_cache_hits_total"]
-    computed = looked_up - found
     # Once in full, then each other choice only its last block (at least one token computes).
-    assert len(prompt) <= computed <= len(prompt) + 3 * 16, (looked_up, found)
+    # Bounds on the hits, not on the lookups: a request another test left may still be looked up.
+    assert 3 * (len(prompt) - 16) <= found <= 3 * len(prompt), (looked_up, found)
+    assert looked_up - found >= len(prompt)
 
 
 def test_n_beyond_the_kv_cache_is_refused_by_name(client: openai.OpenAI) -> None:

@@ -15,6 +15,7 @@ from turnstile.kernels import triton_attention as kernels
 
 _ATTENTION_SCALARS = {
     "scale": "fp32",
+    "window": "i32",
     **{
         name: "i32"
         for name in (

@@ -30,7 +30,7 @@ LIBRARIES = ["-lm"]
 PANEL = 16  # output features per weight panel, as in gemm.c
 PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by
 
-_PTR, _LONG = ctypes.c_void_p, ctypes.c_long
+_PTR, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
 class DecodeStep(ctypes.Structure):
@@ -45,15 +45,16 @@ class DecodeStep(ctypes.Structure):
         ("block_size", _LONG),
         ("seq_lens", _PTR),
         ("scratch", _PTR),
+        ("window", _LONG),
     ]
 
 
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
-    "paged_decode_attention_f32": [_PTR] * 4 + [_LONG, _PTR, _PTR] + [_LONG] * 5 + [ctypes.c_float],
-    "decode_layer_f32": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
-    "decode_layer_bf16": [_PTR] * 8 + [ctypes.POINTER(DecodeStep)],
+    "paged_decode_attention_f32": [*[_PTR] * 4, _LONG, _PTR, _PTR, *[_LONG] * 5, _FLOAT, _LONG],
+    "decode_layer_f32": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer_bf16": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
 }

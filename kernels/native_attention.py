@@ -15,8 +15,10 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     plan: DecodePlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV."""
+    """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV
+    (its last `window` tokens with a window)."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -45,6 +47,7 @@ def paged_decode_attention(
         dim,
         plan.block_size,
         scale,
+        window,
     )
     if status:
         raise MemoryError("native decode attention could not allocate its scores")

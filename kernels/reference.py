@@ -70,13 +70,19 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     plan: DecodePlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One query token per row ([rows, heads, head_dim]) against its row's whole paged KV."""
+    """One query token per row ([rows, heads, head_dim]) against its row's paged KV: all of
+    it, or with a `window` its last `window` tokens."""
     rows = plan.block_tables.shape[0]
     keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows)
     values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows)
+    visible = plan.visible
+    if window:
+        positions = torch.arange(keys.shape[2], device=query.device)
+        visible = visible & (positions >= (plan.seq_lens - window)[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=plan.visible, scale=scale, enable_gqa=True
+        query.unsqueeze(2), keys, values, attn_mask=visible, scale=scale, enable_gqa=True
     )
     return out.squeeze(2)
 
@@ -87,9 +93,11 @@ def paged_prefill_attention(
     v_cache: torch.Tensor,
     plan: PrefillPlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of each row's new tokens (a prompt chunk, possibly after a cached or
-    earlier-computed prefix) against the row's paged KV, new tokens included.
+    earlier-computed prefix) against the row's paged KV, new tokens included; with a `window`,
+    each query sees itself and the `window - 1` keys before it.
 
     `query` is [tokens, heads, head_dim], rows concatenated. Rows are padded to the longest,
     so batch long chunks with each other and decodes separately (`paged_decode_attention`).
@@ -107,6 +115,8 @@ def paged_prefill_attention(
     query_pos = (seq_lens - query_lens)[:, None] + index[None, :]
     key_pos = torch.arange(keys.shape[2], device=query.device)
     visible = key_pos[None, None, :] <= query_pos[:, :, None]
+    if window:
+        visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
     out = F.scaled_dot_product_attention(
         padded, keys, values, attn_mask=visible[:, None], scale=scale, enable_gqa=True
     )

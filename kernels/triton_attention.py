@@ -52,6 +52,7 @@ def paged_decode_kernel(
     block_tables,
     seq_lens,
     scale,
+    window,
     stride_q_token,
     stride_q_head,
     stride_o_token,
@@ -77,9 +78,12 @@ def paged_decode_kernel(
     running_max = tl.full([], float("-inf"), tl.float32)
     total = tl.zeros([], tl.float32)
     acc = tl.zeros([DIM_PAD], tl.float32)
-    for index in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
+    # The first key seen: a window's first, which no block before it holds.
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    for index in range(first // BLOCK_SIZE, tl.cdiv(seq_len, BLOCK_SIZE)):
         block = tl.load(block_tables + row * stride_table + index).to(tl.int64)
-        visible = index * BLOCK_SIZE + slots < seq_len
+        key_pos = index * BLOCK_SIZE + slots
+        visible = (key_pos < seq_len) & (key_pos >= first)
         offsets = (
             block * stride_c_block
             + slots[:, None] * stride_c_slot
@@ -110,6 +114,7 @@ def paged_prefill_kernel(
     seq_lens,
     query_start_loc,
     scale,
+    window,
     stride_q_token,
     stride_q_head,
     stride_o_token,
@@ -152,7 +157,9 @@ def paged_prefill_kernel(
         running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
-        for index in range(0, tl.cdiv(last_pos + 1, BLOCK_SIZE)):
+        # The tile's first query sees back to here, later ones less far.
+        first = tl.where(window > 0, tl.maximum(context + tile * BLOCK_M - window + 1, 0), 0)
+        for index in range(first // BLOCK_SIZE, tl.cdiv(last_pos + 1, BLOCK_SIZE)):
             block = tl.load(block_tables + row * stride_table + index).to(tl.int64)
             key_pos = index * BLOCK_SIZE + slots
             offsets = (
@@ -169,11 +176,16 @@ def paged_prefill_kernel(
             else:
                 k, v = k.to(tl.float32), v.to(tl.float32)
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            # Key 0 is visible to every query row, so no row's maximum stays -inf.
-            scores = tl.where(key_pos[None, :] <= query_pos[:, None], scores, float("-inf"))
+            visible = (key_pos[None, :] <= query_pos[:, None]) & (
+                (window <= 0) | (key_pos[None, :] > query_pos[:, None] - window)
+            )
+            scores = tl.where(visible, scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-            weights = tl.exp(scores - new_max[:, None])
-            rescale = tl.exp(running_max - new_max)
+            # A row that has seen no key yet (its window starts in a later block) keeps max
+            # -inf: shift by 0 there, so its weights are 0 rather than exp(nan).
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+            weights = tl.exp(scores - shift[:, None])
+            rescale = tl.exp(running_max - shift)
             if TENSOR_CORES:
                 acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
             else:
@@ -212,12 +224,13 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     plan: DecodePlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     block_tables, seq_lens = plan.block_tables, plan.seq_lens
     rows, heads, dim = query.shape
     out = torch.empty_like(query)
     paged_decode_kernel[(rows, heads)](
-        out, query, k_cache, v_cache, block_tables, seq_lens, scale,
+        out, query, k_cache, v_cache, block_tables, seq_lens, scale, window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=dim,
@@ -232,6 +245,7 @@ def paged_prefill_attention(
     v_cache: torch.Tensor,
     plan: PrefillPlan,
     scale: float,
+    window: int = 0,
     block_m: int = 16,
 ) -> torch.Tensor:
     """The grid needs `plan.longest`, which the host knows: no sync."""
@@ -240,7 +254,7 @@ def paged_prefill_attention(
     rows, longest = block_tables.shape[0], plan.longest
     out = torch.empty_like(query)
     paged_prefill_kernel[(rows, heads, triton.cdiv(longest, block_m))](
-        out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+        out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m,

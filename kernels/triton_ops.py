@@ -31,9 +31,10 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_size: int,
     scale: float,
+    window: int,
 ) -> torch.Tensor:
     plan = DecodePlan(block_tables, seq_lens, block_size)
-    return triton_attention.paged_decode_attention(query, k_cache, v_cache, plan, scale)
+    return triton_attention.paged_decode_attention(query, k_cache, v_cache, plan, scale, window)
 
 
 @torch.library.custom_op("turnstile::paged_prefill", mutates_args=())
@@ -46,9 +47,10 @@ def paged_prefill(
     query_start_loc: torch.Tensor,
     scale: float,
     longest: int,
+    window: int,
 ) -> torch.Tensor:
     plan = PrefillPlan(block_tables, seq_lens, query_start_loc, longest)
-    return triton_attention.paged_prefill_attention(query, k_cache, v_cache, plan, scale)
+    return triton_attention.paged_prefill_attention(query, k_cache, v_cache, plan, scale, window)
 
 
 def decode(
@@ -57,9 +59,10 @@ def decode(
     v_cache: torch.Tensor,
     plan: DecodePlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     tables, lens = plan.block_tables, plan.seq_lens
-    return paged_decode(query, k_cache, v_cache, tables, lens, plan.block_size, scale)
+    return paged_decode(query, k_cache, v_cache, tables, lens, plan.block_size, scale, window)
 
 
 def prefill(
@@ -68,9 +71,10 @@ def prefill(
     v_cache: torch.Tensor,
     plan: PrefillPlan,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     tables, lens, start = plan.block_tables, plan.seq_lens, plan.query_start
-    return paged_prefill(query, k_cache, v_cache, tables, lens, start, scale, plan.longest)
+    return paged_prefill(query, k_cache, v_cache, tables, lens, start, scale, plan.longest, window)
 
 
 def _on_one_device(*tensors: torch.Tensor) -> None:

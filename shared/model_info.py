@@ -14,7 +14,13 @@ from pathlib import Path
 import gguf
 import msgspec
 
-from turnstile.shared.model_support import check_gguf_fields, check_hf_config, rope_type
+from turnstile.shared.model_support import (
+    QK_NORM_FAMILIES,
+    check_gguf_fields,
+    check_hf_config,
+    layer_windows,
+    rope_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,11 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
     # generation_config.json's sampling fields: defaults for requests that omit them
     sampling_defaults: dict[str, float] | None = None
+    qk_norm: bool = False  # each query and key head RMS-normed before RoPE (Qwen3)
+    layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full; (): none slides
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
     def all_eos_token_ids(self) -> tuple[int, ...]:
@@ -146,7 +157,7 @@ def _from_gguf(path: Path) -> ModelInfo:
         intermediate_size=int(field(f"{arch}.feed_forward_length")),
         num_heads=heads,
         num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=hidden // heads,
+        head_dim=int(field(f"{arch}.attention.key_length", hidden // heads)),
         vocab_size=int(vocab),
         max_model_len=int(field(f"{arch}.context_length")),
         rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
@@ -155,6 +166,7 @@ def _from_gguf(path: Path) -> ModelInfo:
         eos_token_id=int(field("tokenizer.ggml.eos_token_id", 2)),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         chat_template=field("tokenizer.chat_template"),
     )
 
@@ -218,4 +230,6 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,
         rope_scaling=rope_scaling,
+        qk_norm=config["model_type"] in QK_NORM_FAMILIES,
+        layer_windows=layer_windows(config),
     )

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
+QK_NORM_FAMILIES = ("qwen3",)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -20,6 +23,28 @@ class UnsupportedModel(ValueError):
 def rope_type(scaling: dict[str, Any] | None) -> str:
     scaling = scaling or {}
     return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def layer_windows(config: dict[str, Any]) -> tuple[int, ...]:
+    """Each layer's sliding window in tokens (a query sees itself and the window - 1 keys
+    before it), 0 for full attention; () when no layer slides. As transformers reads it:
+    `layer_types` where the config has them, else Mistral's window on every layer, else
+    Qwen's on the layers from `max_window_layers` on when `use_sliding_window`."""
+    window = config.get("sliding_window")
+    family, count = config.get("model_type"), config["num_hidden_layers"]
+    if not window or (family in ("qwen2", "qwen3") and not config.get("use_sliding_window")):
+        return ()
+    if window >= config.get("max_position_embeddings", 4096):
+        return ()  # wider than the context: never binds
+    kinds = config.get("layer_types")
+    if kinds is None and family in ("qwen2", "qwen3"):
+        first = config.get("max_window_layers", count)
+        kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(count)]
+    windows = tuple(
+        window if kind == "sliding_attention" else 0
+        for kind in kinds or ["sliding_attention"] * count
+    )
+    return windows if any(windows) else ()
 
 
 def check_hf_config(config: dict[str, Any], source: str) -> None:
@@ -36,10 +61,9 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     partial = (rope or {}).get("partial_rotary_factor", config.get("partial_rotary_factor", 1))
     if float(partial) != 1:
         _refuse(source, "partial_rotary_factor", partial, "RoPE on part of a head: not implemented")
-    window = config.get("sliding_window")
-    binds = window is not None and window < config.get("max_position_embeddings", 4096)
-    if binds and config.get("use_sliding_window", family != "qwen2"):
-        _refuse(source, "sliding_window", window, "sliding-window attention is not implemented")
+    for kind in config.get("layer_types") or ():
+        if kind not in LAYER_TYPES:
+            _refuse(source, "layer_types", kind, f"supported: {', '.join(LAYER_TYPES)}")
     if family != "qwen2" and config.get("attention_bias"):
         _refuse(source, "attention_bias", True, "biases on q, k, v and o are not implemented")
     if config.get("mlp_bias"):
@@ -56,7 +80,7 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         _refuse(source, f"{arch}.rope.scaling.type", scaling, "RoPE scaling from GGUF is not read")
     window = field(f"{arch}.attention.sliding_window")
     if window:
-        _refuse(source, f"{arch}.attention.sliding_window", window, "not implemented")
+        _refuse(source, f"{arch}.attention.sliding_window", window, "not read from GGUF")
 
 
 def _refuse(source: str, field: str, value: object, why: str) -> None:

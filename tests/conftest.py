@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from turnstile.bench.server_process import Server, launched_server
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
 
 settings.register_profile(
     "turnstile",
@@ -23,6 +24,22 @@ settings.register_profile(
 settings.load_profile("turnstile")
 
 MODEL = "SmolLM2-135M-Instruct"
+
+
+def fixed_length_requests(
+    prompts: list[list[int]], sampling: SamplingParams, max_tokens: int
+) -> list[AddRequest]:
+    """One request per prompt (ids 0, 1, ...), each generating exactly `max_tokens`."""
+    return [
+        AddRequest(
+            req_id=i,
+            prompt_ids=pack_ids(ids),
+            max_tokens=max_tokens,
+            sampling=sampling,
+            ignore_eos=True,
+        )
+        for i, ids in enumerate(prompts)
+    ]
 
 
 @pytest.fixture(scope="module")

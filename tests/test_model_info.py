@@ -101,9 +101,7 @@ BASE_CONFIG = {
         ({"rope_scaling": {"type": "longrope", "short_factor": [1.0]}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-        ({"model_type": "mistral", "sliding_window": 256}, "sliding_window"),
-        ({"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": True},
-         "sliding_window"),
+        ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
         ({"attention_bias": True}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
     ],
@@ -124,8 +122,6 @@ def test_a_config_asking_for_what_is_not_implemented_is_refused_by_field(
     "change",
     [
         {"model_type": "mistral", "sliding_window": None},  # Mistral v0.2 on: no window
-        {"model_type": "mistral", "sliding_window": 4096},  # wider than the context: never binds
-        {"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": False},  # Qwen2's
         {"model_type": "qwen2", "attention_bias": True},  # Qwen2's qkv bias
         {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
     ],
@@ -137,6 +133,27 @@ def test_a_config_whose_features_are_implemented_or_inert_is_read(
 
     (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | change))
     assert read_model_info(tmp_path).num_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "windows"),
+    [
+        ({"model_type": "mistral", "sliding_window": 256}, (256, 256)),
+        ({"model_type": "mistral", "sliding_window": 4096}, ()),  # wider than the context
+        ({"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": False}, ()),
+        ({"model_type": "qwen3", "sliding_window": 256, "use_sliding_window": True,
+          "max_window_layers": 1}, (0, 256)),
+        ({"model_type": "qwen3", "sliding_window": 256, "use_sliding_window": True,
+          "layer_types": ["sliding_attention", "full_attention"]}, (256, 0)),
+    ],
+)  # fmt: skip
+def test_each_layers_sliding_window_is_read_as_transformers_reads_it(
+    tmp_path: Path, change: dict, windows: tuple[int, ...]
+) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | change))
+    assert read_model_info(tmp_path).layer_windows == windows
 
 
 def test_serve_refuses_an_unsupported_model_before_starting_anything(tmp_path: Path) -> None:

@@ -87,30 +87,34 @@ def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_paged_decode_matches_reference(block_size: int) -> None:
+@pytest.mark.parametrize("window", [0, 20])  # 20: windows that start mid-block
+def test_paged_decode_matches_reference(block_size: int, window: int) -> None:
     # Ragged, partial last blocks, 9 query heads on 3 KV heads, and rows of 8+ tokens (the
     # kernel scores eight at a time) next to shorter ones.
     seq_lens = [1, 7, 8, 15, 16, 17, 40, 97, 250]
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, torch.float32)
     query = torch.randn(len(seq_lens), HEADS, DIM)
     plan = reference.plan_decode(tables, lens, block_size)
-    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
-    got = native_attention.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
+    expected, got = (
+        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window)
+        for kernels in (reference, native_attention)
+    )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("seq_lens", [[700], [300, 1], [33, 129, 64]])
 @pytest.mark.parametrize("magnitude", [1, 300])
+@pytest.mark.parametrize("window", [0, 203])
 def test_few_rows_split_their_context_and_merge_to_the_reference(
-    seq_lens: list[int], magnitude: float
+    seq_lens: list[int], magnitude: float, window: int
 ) -> None:
     """With fewer rows than tasks the threads want, each row's context is scored in several
-    parts (a part of 33 tokens ends mid-block) whose softmaxes are merged; large scores test
-    the merge's rescaling."""
+    parts (a part of 33 tokens ends mid-block; a window's first part starts mid-block) whose
+    softmaxes are merged; large scores test the merge's rescaling."""
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.float32, seed=len(seq_lens))
     generator = torch.Generator().manual_seed(len(seq_lens))
     query = torch.randn(len(seq_lens), HEADS, DIM, generator=generator) * magnitude
-    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens)
+    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens, window)
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
@@ -132,12 +136,14 @@ def _both_decodes(
     v_cache: torch.Tensor,
     tables: torch.Tensor,
     lens: torch.Tensor,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     plan = reference.plan_decode(tables, lens, 16)
-    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5)
-    return expected, native_attention.paged_decode_attention(
-        query, k_cache, v_cache, plan, DIM**-0.5
+    expected, got = (
+        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window)
+        for kernels in (reference, native_attention)
     )
+    return expected, got
 
 
 def test_backend_choice_follows_the_device_dtype_and_kernels(

@@ -55,6 +55,7 @@ class NativeDecode:
         self._rotations = torch.view_as_real(rotations)  # [positions, dim / 2, 2] float32
         bf16 = _packed(layers[0].qkv).dtype == torch.bfloat16
         self._layer = lib.decode_layer_bf16 if bf16 else lib.decode_layer_f32
+        self._windows = [layer.window for layer in layers]
         self._weights = [
             tuple(
                 _address(t)
@@ -62,6 +63,7 @@ class NativeDecode:
                     layer.input_norm,
                     _packed(layer.qkv),
                     _bias(layer.qkv),
+                    layer.qk_norm,
                     _packed(layer.o_proj),
                     layer.post_norm,
                     _packed(layer.gate_up),
@@ -104,8 +106,10 @@ class NativeDecode:
         )
         pointer = ctypes.byref(step)
         with torch.profiler.record_function(PROFILE_LABEL):
-            for (k_cache, v_cache), weights in zip(kv_caches, self._weights, strict=True):
+            layers = zip(kv_caches, self._weights, self._windows, strict=True)
+            for (k_cache, v_cache), weights, window in layers:
                 step.k_cache, step.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+                step.window = window
                 if self._layer(hidden.data_ptr(), *weights, pointer):
                     raise MemoryError("native decode attention could not allocate its scores")
         return hidden

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 3, Mistral, SmolLM; Qwen2's qkv bias) over a paged KV cache.
+"""A Llama-family decoder (Llama 3, Mistral and its sliding window, SmolLM; Qwen2's qkv bias,
+Qwen3's q/k norm) over a paged KV cache.
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -27,8 +28,11 @@ def interleave_rotary_halves(weight: torch.Tensor, heads: int, head_dim: int) ->
     RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
     complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
     and so attention, unchanged; V is not touched."""
-    order = torch.arange(head_dim).view(2, -1).t().reshape(-1)
-    return weight.reshape(heads, head_dim, -1)[:, order].reshape(weight.shape)
+    return weight.reshape(heads, head_dim, -1)[:, _rotary_order(head_dim)].reshape(weight.shape)
+
+
+def _rotary_order(head_dim: int) -> torch.Tensor:
+    return torch.arange(head_dim).view(2, -1).t().reshape(-1)
 
 
 class LlamaModel:
@@ -76,6 +80,15 @@ class LlamaModel:
             self.embed_weight if tied else self._vocab_rows(take("lm_head.weight", rows=self.vocab))
         )
         self.lm_head = projection(head, None)
+
+        def qk_norm(attn: str) -> torch.Tensor | None:
+            if not info.qk_norm:
+                return None
+            order = _rotary_order(head_dim)
+            q, k = (weights[f"{attn}{p}_norm.weight"][order] for p in "qk")
+            rows = (q.expand(self.num_heads, -1), k.expand(self.num_kv_heads, -1))
+            return torch.cat(rows).to(device=device, dtype=activation_dtype).contiguous()
+
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
@@ -99,6 +112,8 @@ class LlamaModel:
                         None,
                     ),
                     down=projection(take(mlp + "down_proj.weight", cols=inner), None),
+                    qk_norm=qk_norm(attn),
+                    window=info.window(i),
                 )
             )
         # cos + i sin per position and frequency, complex64 whatever the model's dtype.
@@ -153,9 +168,11 @@ class LlamaModel:
                 .view(-1, heads + 2 * kv_heads, head_dim)
                 .split((heads + kv_heads, kv_heads), dim=1)
             )
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk, (head_dim,), None, self.info.rms_norm_eps) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
             q, k = self._rotate(qk, rotations).split((heads, kv_heads), dim=1)
-            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale)
+            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window)
             # Row-parallel: each rank's partial sum, the residual added once, then summed.
             residual = hidden if tp.first else None
             hidden = tp.all_reduce(layer.o_proj(attn.reshape(-1, heads * head_dim), residual))

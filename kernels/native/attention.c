@@ -26,7 +26,7 @@ typedef struct {
     float scale;
 } Decode;
 
-/* Tokens [begin, end) of a row; begin is a multiple of the block size. */
+/* Tokens [begin, end) of a row. */
 typedef struct {
     long row, begin, end;
 } Task;
@@ -106,6 +106,14 @@ static void weigh_values(const float *value, long count, long token_stride, long
     }
 }
 
+/* Block b's share of a task: returns the count of its tokens from *t on, *skip tokens into
+ * the block (a sliding window may begin mid-block). */
+static inline long block_span(const Task *task, long b, long bs, long *t, long *skip) {
+    *t = b * bs > task->begin ? b * bs : task->begin;
+    *skip = *t - b * bs;
+    return task->end - *t < bs - *skip ? task->end - *t : bs - *skip;
+}
+
 /* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
  * floats. */
 static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
@@ -117,8 +125,9 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
     const long first = task->begin / bs, last = (task->end - 1) / bs;
     for (long b = first; b <= last; b++) {
         if (b < last) prefetch_block(a->k_cache + table[b + 1] * block_floats, block_floats);
-        const float *block = a->k_cache + table[b] * block_floats;
-        const long t = b * bs, count = (task->end - t < bs ? task->end - t : bs);
+        long t, skip;
+        const long count = block_span(task, b, bs, &t, &skip);
+        const float *block = a->k_cache + table[b] * block_floats + skip * token_stride;
         for (long h = 0; h < heads; h++)
             score_tokens(q_row + h * dim, block + (h / group) * dim, count, token_stride, dim,
                          scores + h * stride + t - task->begin);
@@ -130,8 +139,9 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
     }
     for (long b = first; b <= last; b++) {
         if (b < last) prefetch_block(a->v_cache + table[b + 1] * block_floats, block_floats);
-        const float *block = a->v_cache + table[b] * block_floats;
-        const long t = b * bs, count = (task->end - t < bs ? task->end - t : bs);
+        long t, skip;
+        const long count = block_span(task, b, bs, &t, &skip);
+        const float *block = a->v_cache + table[b] * block_floats + skip * token_stride;
         for (long h = 0; h < heads; h++)
             weigh_values(block + (h / group) * dim, count, token_stride, dim,
                          scores + h * stride + t - task->begin, p.out + h * dim);
@@ -158,12 +168,12 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
     }
 }
 
-/* q and out: [rows][heads][head_dim]; head_dim a multiple of 8. Returns 0, or -1 when out of
- * memory. */
+/* q and out: [rows][heads][head_dim]; head_dim a multiple of 8. A `window` > 0 attends each
+ * row's last `window` tokens only. Returns 0, or -1 when out of memory. */
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
-                               long block_size, float scale) {
+                               long block_size, float scale, long window) {
     Decode a = {k_cache, v_cache, block_tables, width, heads, kv_heads, dim, block_size, scale};
     const long wanted = TASKS_PER_THREAD * omp_get_max_threads();
     const long most_parts = rows >= wanted ? 1 : (wanted + rows - 1) / rows;
@@ -177,12 +187,13 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
         return -1;
     }
     for (long r = 0; r < rows; r++) {
-        const long blocks = (seq_lens[r] + block_size - 1) / block_size;
+        const long start = window > 0 && seq_lens[r] > window ? seq_lens[r] - window : 0;
+        const long blocks = (seq_lens[r] - start + block_size - 1) / block_size;
         long split = blocks / MIN_BLOCKS_PER_TASK;
         split = split < 1 ? 1 : split > most_parts ? most_parts : split;
         const long per_task = (blocks + split - 1) / split * block_size;
         first_task[r] = tasks;
-        for (long begin = 0; begin < seq_lens[r]; begin += per_task, tasks++) {
+        for (long begin = start; begin < seq_lens[r]; begin += per_task, tasks++) {
             const long end = begin + per_task < seq_lens[r] ? begin + per_task : seq_lens[r];
             task[tasks] = (Task){r, begin, end};
             float *base = partials + tasks * heads * (dim + 2);

@@ -15,7 +15,7 @@ void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
-                               long block_size, float scale);
+                               long block_size, float scale, long window);
 
 typedef struct {
     long rows, hidden, intermediate, heads, kv_heads, dim;
@@ -27,6 +27,7 @@ typedef struct {
     long width, block_size;
     const long *seq_lens;     /* [rows], the new token included */
     float *scratch;           /* see `decode_layer_scratch` */
+    long window;              /* this layer's sliding window; 0: full attention */
 } Step;
 
 long decode_layer_scratch(long rows, long hidden, long intermediate, long heads, long kv_heads,
@@ -45,15 +46,17 @@ static void rms_norm(const float *x, const float *weight, float *out, long rows,
     }
 }
 
-/* RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves in
- * executor_svc/model/llama.py), then K and V into the cache. */
-static void rotate_and_cache(const Step *s, float *qkv) {
+/* Each query and key head RMS-normed where the model has `qk_norm` ([heads + kv_heads][dim],
+ * Qwen3), RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves
+ * in executor_svc/model/llama.py), then K and V into the cache. */
+static void rotate_and_cache(const Step *s, float *qkv, const float *qk_norm) {
     const long dim = s->dim, width = (s->heads + 2 * s->kv_heads) * dim;
     const long kv_width = s->kv_heads * dim;
     for (long r = 0; r < s->rows; r++, qkv += width) {
         const float *turn = s->rotations + r * dim;
         for (long h = 0; h < s->heads + s->kv_heads; h++) {
             float *pair = qkv + h * dim;
+            if (qk_norm) rms_norm(pair, qk_norm + h * dim, pair, 1, dim, s->eps);
             for (long i = 0; i < dim; i += 2) {
                 float re = pair[i], im = pair[i + 1], c = turn[i], sn = turn[i + 1];
                 pair[i] = re * c - im * sn;
@@ -91,7 +94,7 @@ static void silu_and_multiply(const float *gate_up, float *act, long rows, long 
 
 #define DECODE_LAYER(SUFFIX, WT)                                                               \
     int decode_layer_##SUFFIX(float *hidden, const float *input_norm, const WT *qkv,           \
-                              const float *qkv_bias, const WT *o_proj,                         \
+                              const float *qkv_bias, const float *qk_norm, const WT *o_proj,   \
                               const float *post_norm, const WT *gate_up, const WT *down,       \
                               const Step *s) {                                                 \
         const long rows = s->rows, q_width = s->heads * s->dim;                                \
@@ -101,12 +104,13 @@ static void silu_and_multiply(const float *gate_up, float *act, long rows, long 
         float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;              \
         rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);                              \
         linear_##SUFFIX(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden);        \
-        rotate_and_cache(s, projected);                                                        \
+        rotate_and_cache(s, projected, qk_norm);                                               \
         for (long r = 0; r < rows; r++)                                                        \
             for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i]; \
         if (paged_decode_attention_f32(queries, s->k_cache, s->v_cache, s->block_tables,       \
                                        s->width, s->seq_lens, attn, rows, s->heads,            \
-                                       s->kv_heads, s->dim, s->block_size, s->scale))          \
+                                       s->kv_heads, s->dim, s->block_size, s->scale,           \
+                                       s->window))                                             \
             return -1;                                                                         \
         linear_##SUFFIX(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width);         \
         rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);                               \

@@ -1,0 +1,146 @@
+"""Each model family Turnstile serves, proven against transformers: a small random checkpoint
+saved by transformers' own classes, with the family's features switched on, generates the same
+greedy tokens as `generate` (fp32, prompts run together, chunked, with a preemption), and every
+step's top logprobs agree with transformers' logits to 1e-4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import fixed_length_requests
+from msgspec.structs import replace
+
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.offline import OfflineEngine
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.protocol import AddRequest, SamplingParams
+from turnstile.shared.settings import build
+
+pytestmark = pytest.mark.slow  # loads transformers
+
+NEW_TOKENS = 48
+TOP = 5  # logprobs compared at every step: the chosen token's and the top 5
+SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+             tie_word_embeddings=False, initializer_range=0.2)  # fmt: skip
+SCALINGS = {
+    "llama3": dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64),
+    "linear": dict(rope_type="linear", factor=4.0),
+    "yarn": dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64),
+}  # fmt: skip
+# Prompts of 3 to 90 tokens: the longest runs past yarn's original 64 positions and every
+# sliding window below.
+PROMPTS = [[(7 * i + 3 * j) % 500 + 5 for j in range(n)] for i, n in enumerate((3, 40, 17, 90))]
+
+
+def _randomize(parameters: Any) -> None:
+    """Random init leaves biases at 0 and norms at 1: make them count."""
+    for parameter in parameters:
+        parameter.data.normal_(1.0 if parameter.dim() == 1 and parameter.data.eq(1).all() else 0.0,
+                               0.5)  # fmt: skip
+
+
+def _checkpoint(family: str) -> Any:
+    """A transformers model of `family` with its features on."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    if family == "qwen2":  # q, k and v biases
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE, rope_theta=1e6))
+        _randomize(p for n, p in model.named_parameters() if n.endswith("bias"))
+    elif family == "qwen3":  # q/k norm; the second layer slides over 24 tokens
+        config = transformers.Qwen3Config(**SHAPE, head_dim=48, use_sliding_window=True,
+                                          sliding_window=24, max_window_layers=1)  # fmt: skip
+        assert config.layer_types == ["full_attention", "sliding_attention"]
+        model = transformers.Qwen3ForCausalLM(config)
+        norms = ("q_norm.weight", "k_norm.weight")
+        _randomize(p for n, p in model.named_parameters() if n.endswith(norms))
+    elif family == "mistral":  # every layer slides over 24 tokens
+        config = transformers.MistralConfig(**SHAPE, sliding_window=24)
+        model = transformers.MistralForCausalLM(config)
+    else:  # Llama with each RoPE scaling
+        config = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=SCALINGS[family])
+        model = transformers.LlamaForCausalLM(config)
+    return model.eval()
+
+
+def _hf_generate(model: Any) -> tuple[list[list[int]], list[Any]]:
+    """Greedy tokens and each step's log-softmaxed logits, prompt by prompt."""
+    import torch
+
+    tokens, logprobs = [], []
+    with torch.inference_mode():
+        for ids in PROMPTS:
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+            tokens.append(out.sequences[0, len(ids) :].tolist())
+            logprobs.append(torch.cat(out.logits).float().log_softmax(-1))
+    return tokens, logprobs
+
+
+def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
+    return fixed_length_requests(PROMPTS, SamplingParams(logprobs=logprobs), NEW_TOKENS)
+
+
+# cpu: its fused native layers take most steps; torch: the model's layers take every step.
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "llama3", "linear", "yarn"])
+def test_a_family_checkpoint_generates_what_transformers_generates(
+    family: str, backend: str, tmp_path: Path
+) -> None:
+    import torch
+
+    model = _checkpoint(family)
+    model.save_pretrained(tmp_path)
+    expected, hf_logprobs = _hf_generate(model)
+    assert len({tuple(tokens) for tokens in expected}) == len(PROMPTS)  # not degenerate
+    # 12 blocks of 16 for 4 sequences of up to 138 tokens: some are preempted and recomputed.
+    engine = OfflineEngine(
+        build(
+            RunnerConfig,
+            model=str(tmp_path),
+            dtype="float32",
+            backend=backend,
+            num_blocks=12,
+            max_num_seqs=4,
+        ),
+        SchedulingConfig(max_num_batched_tokens=32),
+    )
+    results = engine.generate(_requests())
+    assert engine.scheduler.stats.num_preemptions > 0
+    assert engine.scheduler.pool.num_free == 12
+    assert [r.token_ids for r in results] == expected
+    for result, theirs in zip(results, hf_logprobs, strict=True):
+        assert len(result.logprobs) == NEW_TOKENS
+        for step, entries in enumerate(result.logprobs):
+            ids = torch.tensor([token for token, _ in entries])
+            ours = torch.tensor([logprob for _, logprob in entries])
+            torch.testing.assert_close(ours, theirs[step][ids], atol=1e-4, rtol=0)
+
+
+def test_several_eos_ids_end_generation_as_transformers_does(tmp_path: Path) -> None:
+    """Llama 3.x ends at any of several ids (<|end_of_text|>, <|eom_id|>, <|eot_id|>), read
+    from generation_config.json."""
+    import torch
+    import transformers
+
+    model = _checkpoint("llama3")
+    model.save_pretrained(tmp_path)
+    expected, _ = _hf_generate(model)
+    eos = [model.config.eos_token_id, expected[0][5], expected[2][9]]
+    transformers.GenerationConfig(eos_token_id=eos).save_pretrained(tmp_path)
+    with torch.inference_mode():
+        stopped = [
+            model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                           eos_token_id=eos, pad_token_id=0)[0, len(ids):].tolist()
+            for ids in PROMPTS
+        ]  # fmt: skip
+    engine = OfflineEngine(build(RunnerConfig, model=str(tmp_path), dtype="float32"))
+    ends = engine.generate([replace(r, ignore_eos=False) for r in _requests(None)])
+    assert [r.token_ids for r in ends] == stopped
+    assert ends[0].finish_reason == ends[2].finish_reason == "stop"

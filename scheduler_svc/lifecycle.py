@@ -16,7 +16,6 @@ from turnstile.scheduler_svc.prefix_cache import PrefixCache
 from turnstile.scheduler_svc.request import Request, Status
 from turnstile.scheduler_svc.running_batch import RunningBatch
 from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
-from turnstile.shared.batch_table import cdiv
 from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.protocol import AddRequest, Finished
 
@@ -87,10 +86,10 @@ class RequestLifecycle:
                 f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "
                 f"{cfg.max_model_len - 1} (the model's context is {cfg.max_model_len})"
             )
-        if cdiv(req.stop_len - 1, cfg.block_size) > cfg.num_blocks:
+        if cfg.blocks_held(req.stop_len - 1) > cfg.num_blocks:
             raise ValueError(
-                f"prompt plus max_tokens needs {req.stop_len - 1} tokens of KV cache; "
-                f"it holds {cfg.num_blocks * cfg.block_size}"
+                f"prompt plus max_tokens needs {cfg.blocks_held(req.stop_len - 1)} blocks "
+                f"({cfg.block_size} tokens each) of KV cache; it holds {cfg.num_blocks}"
             )
         self._arrivals += 1
         req.arrived_at = now

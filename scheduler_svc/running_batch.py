@@ -21,6 +21,9 @@ class RunningBatch(BatchTable):
         self.has_stop_ids = np.zeros(capacity, dtype=bool)
         self.rank = np.zeros(capacity, dtype=np.int64)
         self.num_hashed = np.zeros(capacity, dtype=np.int64)
+        # Leading blocks given back to the pool behind a sliding window (their ids stay in
+        # the table, and no query reads them again).
+        self.num_released = np.zeros(capacity, dtype=np.int64)
         self.last_hash = np.zeros(capacity, dtype=np.uint64)
         # Which admission holds the slot: a late result for a row that has left (and whose
         # slot another request took) is told apart by it.
@@ -41,6 +44,7 @@ class RunningBatch(BatchTable):
         self.num_with_stop_ids += bool(req.stop_token_ids)
         self.rank[slot] = req.rank(by_priority)
         self.num_hashed[slot] = num_computed // self.block_size
+        self.num_released[slot] = 0
         self.admission[slot] = self._admissions
         self._admissions += 1
         self.requests[slot] = req
@@ -48,12 +52,13 @@ class RunningBatch(BatchTable):
         return slot
 
     def release(self, slot: int, keep_tokens: bool) -> tuple[Request, np.ndarray]:
-        """Take a row out; returns its request and its blocks, tail first, for the pool."""
+        """Take a row out; returns its request and the blocks it holds, tail first, for the
+        pool."""
         req = self.requests[slot]
         assert req is not None
         if keep_tokens:
             req.token_ids = self.real_tokens(slot).copy()
-        blocks = self.blocks_of(slot)[::-1].copy()
+        blocks = self.blocks_of(slot)[self.num_released[slot] :][::-1].copy()
         self.requests[slot] = None
         self.admission[slot] = -1
         self.num_with_stop_ids -= bool(self.has_stop_ids[slot])
@@ -82,3 +87,16 @@ class RunningBatch(BatchTable):
 
     def fill_places(self, rows: np.ndarray, index: np.ndarray, tokens: np.ndarray) -> None:
         self.tokens[rows, index] = tokens
+
+    def release_behind(self, window: int) -> list[np.ndarray]:
+        """Each row's blocks that no query from its next token on can see (every layer slides
+        over `window` tokens), marked released; returns them for the pool."""
+        rows = self.order
+        # The next query sits at num_computed and sees keys from num_computed - window + 1 on.
+        unseen = np.maximum(self.num_computed[rows] - window + 1, 0) // self.block_size
+        behind = np.flatnonzero(unseen > self.num_released[rows])
+        released = []
+        for slot, end in zip(rows[behind].tolist(), unseen[behind].tolist(), strict=True):
+            released.append(self.block_table[slot, self.num_released[slot] : end][::-1].copy())
+            self.num_released[slot] = end
+        return released

@@ -121,6 +121,9 @@ class Scheduler:
     def schedule(self) -> BatchPlan:
         self.step += 1
         budget = self.config.scheduling.max_num_batched_tokens
+        if self.config.sliding_window:
+            for blocks in self.batch.release_behind(self.config.sliding_window):
+                self.pool.release(blocks)
         if self.lifecycle.by_priority:
             self._preempt_for_higher_priority(budget)
         rows = self.batch.order

@@ -215,6 +215,7 @@ class SchedulerService:
                         engine.max_model_len or self.model.max_model_len, hello.max_model_len
                     ),
                     scheduling=self.config.scheduling,
+                    sliding_window=self.model.kv_window,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,

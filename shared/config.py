@@ -98,6 +98,8 @@ class SchedulerConfig:
     max_num_seqs: int
     max_model_len: int
     scheduling: SchedulingConfig = nested(SchedulingConfig)
+    # Where every layer of the model slides (`ModelInfo.kv_window`): blocks behind it are freed.
+    sliding_window: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:
@@ -109,3 +111,12 @@ class SchedulerConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
+
+    def blocks_held(self, tokens: int) -> int:
+        """The most blocks a sequence of `tokens` holds at once: all of them, or with a sliding
+        window the window's and the chunk computed next, each starting mid-block."""
+        held = -(-tokens // self.block_size)
+        if self.sliding_window:
+            chunk = self.sliding_window + self.scheduling.max_num_batched_tokens
+            held = min(held, -(-chunk // self.block_size) + 1)
+        return held

@@ -80,6 +80,13 @@ class ModelInfo:
         return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
+    def kv_window(self) -> int:
+        """The widest window where every layer slides (KV behind it is never read again); 0
+        where some layer attends to everything."""
+        windows = self.layer_windows
+        return max(windows) if windows and all(windows) else 0
+
+    @property
     def all_eos_token_ids(self) -> tuple[int, ...]:
         return self.eos_token_ids or (self.eos_token_id,)
 

@@ -145,9 +145,15 @@ class Harness:
     def check_invariants(self) -> None:
         scheduler, pool, batch = self.scheduler, self.scheduler.pool, self.scheduler.batch
         owners = np.zeros(pool.num_blocks, dtype=np.int64)
+        window = scheduler.config.sliding_window
         for slot in batch.order.tolist():
             blocks = batch.blocks_of(slot)
-            np.add.at(owners, blocks, 1)
+            # Blocks released behind a sliding window stay in the table but are not held, and
+            # none of them is still visible from the row's next token.
+            released = int(batch.num_released[slot])
+            np.add.at(owners, blocks[released:], 1)
+            assert released == 0 or window
+            assert released * batch.block_size <= max(0, int(batch.num_computed[slot]) - window + 1)
             # Block tables cover exactly the computed tokens.
             assert len(blocks) == cdiv(int(batch.num_computed[slot]), batch.block_size)
         # Every block is free xor owned, with the right reference count.

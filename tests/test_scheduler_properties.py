@@ -33,6 +33,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching=st.booleans(),
         static=st.sampled_from([None, None, "padded", "compact"]),
         ahead=st.sampled_from([0, 1]),
+        window=st.sampled_from([0, 0, 5, 12]),
     )
     def configure(
         self,
@@ -44,6 +45,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching: bool,
         static: str | None,
         ahead: int,
+        window: int,
     ) -> None:
         self.config = build(
             SchedulerConfig,
@@ -55,6 +57,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             policy=policy,  # type: ignore[arg-type]
             enable_prefix_caching=caching,
             static_batching=static,  # type: ignore[arg-type]
+            sliding_window=window,
         )
         self.harness = Harness(self.config, self.lengths, ahead)
 

@@ -32,6 +32,7 @@ class OfflineEngine:
                 max_num_seqs=runner_config.engine.max_num_seqs,
                 max_model_len=self.runner.max_model_len,
                 scheduling=scheduling or SchedulingConfig(),
+                sliding_window=self.runner.info.kv_window,
             ),
             eos_token_ids=self.runner.info.all_eos_token_ids,
             vocab_size=self.runner.info.vocab_size,

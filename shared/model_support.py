@@ -8,12 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("qwen3",)
+# general.architecture of the GGUF files read (Mistral's are "llama"; Phi-3's fuse gate and up
+# in one tensor, not read yet).
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 class UnsupportedModel(ValueError):
@@ -58,7 +61,7 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     if rope_type(rope) not in ROPE_TYPES:
         _refuse(source, "rope_scaling.rope_type", rope_type(rope),
                 f"supported: {', '.join(ROPE_TYPES)}")  # fmt: skip
-    partial = (rope or {}).get("partial_rotary_factor", config.get("partial_rotary_factor", 1))
+    partial = (rope or {}).get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
     if float(partial) != 1:
         _refuse(source, "partial_rotary_factor", partial, "RoPE on part of a head: not implemented")
     for kind in config.get("layer_types") or ():
@@ -73,8 +76,9 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
 def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> None:
     """Refuse a GGUF file whose metadata (`field(key)`, None where absent) asks for what the
     executor does not compute."""
-    if arch not in FAMILIES:
-        _refuse(source, "general.architecture", arch, f"supported: {', '.join(FAMILIES)}")
+    if arch not in GGUF_ARCHITECTURES:
+        _refuse(source, "general.architecture", arch,
+                f"supported: {', '.join(GGUF_ARCHITECTURES)}")  # fmt: skip
     scaling = field(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         _refuse(source, f"{arch}.rope.scaling.type", scaling, "RoPE scaling from GGUF is not read")

@@ -31,6 +31,10 @@ SCALINGS = {
     "linear": dict(rope_type="linear", factor=4.0),
     "yarn": dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64),
 }  # fmt: skip
+# Phi-3's: factors per frequency (head_dim 32), the long ones past 256 positions.
+LONGROPE = dict(rope_type="longrope", original_max_position_embeddings=256,
+                short_factor=[1.0 + 0.1 * i for i in range(16)],
+                long_factor=[2.0 + 0.3 * i for i in range(16)])  # fmt: skip
 # Prompts of 3 to 90 tokens: the longest runs past yarn's original 64 positions and every
 # sliding window below.
 PROMPTS = [[(7 * i + 3 * j) % 500 + 5 for j in range(n)] for i, n in enumerate((3, 40, 17, 90))]
@@ -62,6 +66,13 @@ def _checkpoint(family: str) -> Any:
     elif family == "mistral":  # every layer slides over 24 tokens
         config = transformers.MistralConfig(**SHAPE, sliding_window=24)
         model = transformers.MistralForCausalLM(config)
+    elif family == "phi3":  # fused qkv and gate_up; longrope (short factors here); a window
+        config = transformers.Phi3Config(**SHAPE, pad_token_id=0, bos_token_id=1,
+                                         eos_token_id=2, rope_scaling=LONGROPE,
+                                         original_max_position_embeddings=256,
+                                         sliding_window=40)  # fmt: skip
+        assert config.rope_parameters["original_max_position_embeddings"] == 256
+        model = transformers.Phi3ForCausalLM(config)
     else:  # Llama with each RoPE scaling
         config = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=SCALINGS[family])
         model = transformers.LlamaForCausalLM(config)
@@ -89,7 +100,9 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 
 # cpu: its fused native layers take most steps; torch: the model's layers take every step.
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "llama3", "linear", "yarn"])
+@pytest.mark.parametrize(
+    "family", ["qwen2", "qwen3", "mistral", "phi3", "llama3", "linear", "yarn"]
+)
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path
 ) -> None:
@@ -141,3 +154,23 @@ def test_several_eos_ids_end_generation_as_transformers_does(tmp_path: Path) -> 
     ends = engine.generate([replace(r, ignore_eos=False) for r in _requests(None)])
     assert [r.token_ids for r in ends] == stopped
     assert ends[0].finish_reason == ends[2].finish_reason == "stop"
+
+
+def test_longrope_rotates_past_the_original_context_by_the_long_factors(tmp_path: Path) -> None:
+    """Positions 0-255 by the short factors, 256 on by the long ones, each times the attention
+    factor: transformers' rotary embedding at the same positions."""
+    import torch
+
+    from turnstile.executor_svc.model.rope import rope_rotations
+    from turnstile.shared.model_info import read_model_info
+
+    model = _checkpoint("phi3")
+    model.save_pretrained(tmp_path)
+    rotations = rope_rotations(read_model_info(tmp_path))
+    for positions in ([3, 200, 255], [256, 300, 511]):
+        ids = torch.tensor([positions])
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 3, 128), position_ids=ids)
+        half = cos.shape[-1] // 2
+        ours = rotations[positions]
+        torch.testing.assert_close(ours.real, cos[0, :, :half], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.imag, sin[0, :, :half], atol=1e-5, rtol=1e-5)

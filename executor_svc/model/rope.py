@@ -1,9 +1,9 @@
 """Rotary position embedding: each position's rotation of each frequency, as cos + i sin.
 
-The plain frequencies are computed here; a scaled RoPE (linear, llama3, yarn) takes its
-frequencies and its attention factor from transformers' own functions, so it is exactly what
-the model was trained with (transformers is imported only for such a model). The types that
-change with the sequence's length (dynamic, longrope) are refused at start
+The plain frequencies are computed here; a scaled RoPE (linear, llama3, yarn, longrope) takes
+its frequencies and its attention factor from transformers' own functions, so it is exactly
+what the model was trained with (transformers is imported only for such a model). Dynamic NTK,
+whose frequencies change with the sequence's length, is refused at start
 (`shared/model_support.py`).
 """
 
@@ -19,13 +19,21 @@ def rope_rotations(info: ModelInfo) -> torch.Tensor:
     """[max_model_len, head_dim / 2] complex64: position p's rotation of frequency i, scaled
     by the attention factor (yarn's; 1 otherwise), which multiplies both q and k as in
     transformers."""
-    inv_freq, factor = _frequencies(info)
     positions = torch.arange(info.max_model_len, dtype=torch.float32)
+    inv_freq, factor = _frequencies(info)
     angles = torch.outer(positions, inv_freq.float())
-    return torch.polar(torch.full_like(angles, factor), angles)
+    rotations = torch.polar(torch.full_like(angles, factor), angles)
+    original = (info.rope_scaling or {}).get("original_max_position_embeddings")
+    if rope_type(info.rope_scaling) == "longrope" and original < info.max_model_len:
+        # transformers takes the long factors once the sequence is longer than the original
+        # context: a token at position p >= original is rotated by them.
+        inv_freq, factor = _frequencies(info, seq_len=original + 1)
+        angles = torch.outer(positions[original:], inv_freq.float())
+        rotations[original:] = torch.polar(torch.full_like(angles, factor), angles)
+    return rotations
 
 
-def _frequencies(info: ModelInfo) -> tuple[torch.Tensor, float]:
+def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     kind = rope_type(info.rope_scaling)
     if kind == "default":
         exponents = torch.arange(0, info.head_dim, 2, dtype=torch.float64) / info.head_dim
@@ -41,5 +49,8 @@ def _frequencies(info: ModelInfo) -> tuple[torch.Tensor, float]:
         rope_parameters={**(info.rope_scaling or {}), "rope_type": kind,
                          "rope_theta": info.rope_theta},
     )  # fmt: skip
-    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    if kind == "longrope":
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len)
+    else:
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     return inv_freq, float(factor)

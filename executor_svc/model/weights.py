@@ -51,13 +51,29 @@ def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
         weights: dict[str, torch.Tensor] = {}
         for file in files:
             weights.update(load_file(file))
-        return weights
+        return _split_fused(weights, info)
     cached = derived_path(path, "weights.safetensors")
     if cached.exists():
         return load_file(cached)
     weights = dequantize_gguf(path, info)
     if write_atomically(cached, save(weights)):
         log.info("cached dequantized weights in %s", cached)
+    return weights
+
+
+def _split_fused(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str, torch.Tensor]:
+    """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
+    apart (views), as the other families store them."""
+    q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
+        fused = weights.pop(name)
+        if name.endswith("qkv_proj.weight"):
+            parts = dict(zip("qkv", fused.split((q_rows, kv_rows, kv_rows)), strict=True))
+            weights.update({name.replace("qkv_proj", f"{p}_proj"): w for p, w in parts.items()})
+        else:
+            gate, up = fused.chunk(2)
+            weights[name.replace("gate_up_proj", "gate_proj")] = gate
+            weights[name.replace("gate_up_proj", "up_proj")] = up
     return weights
 
 

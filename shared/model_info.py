@@ -15,10 +15,10 @@ import gguf
 import msgspec
 
 from turnstile.shared.model_support import (
-    QK_NORM_FAMILIES,
     check_gguf_fields,
     check_hf_config,
-    layer_windows,
+    family_features,
+    rope_parameters,
     rope_type,
 )
 
@@ -73,8 +73,16 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
     # generation_config.json's sampling fields: defaults for requests that omit them
     sampling_defaults: dict[str, float] | None = None
-    qk_norm: bool = False  # each query and key head RMS-normed before RoPE (Qwen3)
+    qk_norm: bool = False  # each query and key head RMS-normed before RoPE (Qwen3, Gemma 3)
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full; (): none slides
+    # What sets Gemma 3 apart (`model_support.family_features`).
+    hidden_act: str = "silu"
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5
+    norm_offset: float = 0.0  # added to every RMSNorm weight
+    sandwich_norms: bool = False  # attention's and the MLP's outputs normed before their residual
+    embed_scale: float = 1.0
+    local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
+    final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -209,11 +217,8 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     tokenizer_config = path / "tokenizer_config.json"
     if tokenizer_config.exists():
         template = json.loads(tokenizer_config.read_text()).get("chat_template")
-    # transformers 5 writes theta and scaling together as `rope_parameters`; older
-    # checkpoints have top-level `rope_theta` and `rope_scaling`.
-    rope = config.get("rope_parameters") or {}
+    rope, _ = rope_parameters(config)
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    rope_scaling = config.get("rope_scaling") or (rope if rope_type(rope) != "default" else None)
     return ModelInfo(
         name=path.name,
         num_layers=config["num_hidden_layers"],
@@ -236,7 +241,6 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=config.get("attention_bias", config.get("model_type") == "qwen2"),
         chat_template=template,
-        rope_scaling=rope_scaling,
-        qk_norm=config["model_type"] in QK_NORM_FAMILIES,
-        layer_windows=layer_windows(config),
+        rope_scaling=rope if rope_type(rope) != "default" else None,
+        **family_features(config),
     )

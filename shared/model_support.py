@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
+FAMILIES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
-QK_NORM_FAMILIES = ("qwen3",)
+QK_NORM_FAMILIES = ("gemma3_text", "qwen3")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's are "llama"; Phi-3's fuse gate and up
 # in one tensor, not read yet).
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -26,6 +27,39 @@ class UnsupportedModel(ValueError):
 def rope_type(scaling: dict[str, Any] | None) -> str:
     scaling = scaling or {}
     return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def activation(config: dict[str, Any]) -> str:
+    return config.get("hidden_activation") or config.get("hidden_act") or "silu"
+
+
+def rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The RoPE parameters of full-attention layers, and the sliding layers' where they have
+    their own (Gemma 3: `rope_parameters` keyed by layer type). transformers 5 writes theta and
+    scaling together as `rope_parameters`; older checkpoints have `rope_theta` and
+    `rope_scaling` apart."""
+    rope = config.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        return rope["full_attention"], rope.get("sliding_attention")
+    return config.get("rope_scaling") or rope, None
+
+
+def family_features(config: dict[str, Any]) -> dict[str, Any]:
+    """What sets a family's layers apart from Llama's, as `ModelInfo` fields."""
+    family = config["model_type"]
+    gemma = family == "gemma3_text"
+    _, local = rope_parameters(config)
+    return {
+        "hidden_act": activation(config),
+        "qk_norm": family in QK_NORM_FAMILIES,
+        "layer_windows": layer_windows(config),
+        "attention_scale": config["query_pre_attn_scalar"] ** -0.5 if gemma else 0.0,
+        "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
+        "sandwich_norms": gemma,
+        "embed_scale": config["hidden_size"] ** 0.5 if gemma else 1.0,
+        "local_rope_theta": float(local["rope_theta"]) if local else 0.0,
+        "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
+    }
 
 
 def layer_windows(config: dict[str, Any]) -> tuple[int, ...]:
@@ -55,12 +89,18 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     family = config.get("model_type")
     if family not in FAMILIES:
         _refuse(source, "model_type", family, f"supported: {', '.join(FAMILIES)}")
-    if config.get("hidden_act", "silu") != "silu":
-        _refuse(source, "hidden_act", config["hidden_act"], "supported: silu")
-    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if activation(config) not in ACTIVATIONS:
+        _refuse(source, "hidden_act", activation(config), f"supported: {', '.join(ACTIVATIONS)}")
+    rope, local = rope_parameters(config)
     if rope_type(rope) not in ROPE_TYPES:
         _refuse(source, "rope_scaling.rope_type", rope_type(rope),
                 f"supported: {', '.join(ROPE_TYPES)}")  # fmt: skip
+    if local is not None and rope_type(local) != "default":
+        _refuse(source, "rope_parameters.sliding_attention.rope_type", rope_type(local),
+                "sliding layers' RoPE: default only")  # fmt: skip
+    for field in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if config.get(field):
+            _refuse(source, field, config[field], "not implemented")
     partial = (rope or {}).get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
     if float(partial) != 1:
         _refuse(source, "partial_rotary_factor", partial, "RoPE on part of a head: not implemented")

@@ -73,6 +73,17 @@ def _checkpoint(family: str) -> Any:
                                          sliding_window=40)  # fmt: skip
         assert config.rope_parameters["original_max_position_embeddings"] == 256
         model = transformers.Phi3ForCausalLM(config)
+    elif family == "gemma3":  # Gemma 3's layer: every feature on, a sliding then a full layer
+        config = transformers.Gemma3TextConfig(
+            **{**SHAPE, "tie_word_embeddings": True}, head_dim=32, query_pre_attn_scalar=24,
+            sliding_window=24, layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=3.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                             "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                "rope_theta": 1e6}},
+        )  # fmt: skip
+        model = transformers.Gemma3ForCausalLM(config)
+        _randomize(p for n, p in model.named_parameters() if n.endswith("norm.weight"))
     else:  # Llama with each RoPE scaling
         config = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=SCALINGS[family])
         model = transformers.LlamaForCausalLM(config)
@@ -101,7 +112,7 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 # cpu: its fused native layers take most steps; torch: the model's layers take every step.
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize(
-    "family", ["qwen2", "qwen3", "mistral", "phi3", "llama3", "linear", "yarn"]
+    "family", ["qwen2", "qwen3", "mistral", "phi3", "gemma3", "llama3", "linear", "yarn"]
 )
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

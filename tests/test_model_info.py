@@ -96,7 +96,12 @@ BASE_CONFIG = {
     ("change", "field"),
     [
         ({"model_type": "gemma2"}, "model_type"),
-        ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),
+        ({"hidden_act": "relu"}, "hidden_act"),
+        ({"model_type": "gemma3_text", "query_pre_attn_scalar": 64,
+          "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
+         "rope_parameters.sliding_attention.rope_type"),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),

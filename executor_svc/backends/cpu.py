@@ -64,7 +64,7 @@ class CpuNativeBackend(Backend):
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
         if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
-            self._native = NativeDecode(model.info, model.layers, model.rotations)
+            self._native = NativeDecode(model.info, model.layers, model.rotations[0])
 
     def route(self, layout: StepLayout) -> Route:
         """With one or a few rows, Python and dispatch cost more than the arithmetic: decode

@@ -22,3 +22,7 @@ class LayerWeights:
     # interleaved rotary order; None where the family has none.
     qk_norm: torch.Tensor | None = None
     window: int = 0  # sliding window in tokens; 0: full attention
+    # Gemma's norms of the attention's and the MLP's outputs, before their residual adds.
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    rope: int = 0  # which of the model's RoPE tables rotates this layer (Gemma 3: 1, sliding)

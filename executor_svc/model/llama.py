@@ -1,5 +1,6 @@
-"""A Llama-family decoder (Llama 3, Mistral and its sliding window, SmolLM; Qwen2's qkv bias,
-Qwen3's q/k norm) over a paged KV cache.
+"""A Llama-family decoder over a paged KV cache: Llama 3, SmolLM, Mistral (sliding window), Qwen2
+(qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 3 (norms around each block,
+GELU, scaled embeddings and scores, a RoPE of its own for sliding layers, soft-capped logits).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -9,12 +10,15 @@ projections); the backend brings the projections and attention kernels, and runs
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.layer_weights import LayerWeights
-from turnstile.executor_svc.model.projection import ProjectionFactory
+from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
 from turnstile.executor_svc.model.rope import rope_rotations
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.shared.model_info import ModelInfo
@@ -73,8 +77,12 @@ class LlamaModel:
             k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
             return torch.cat((q, k, v[heads(kv)])).to(device=device, dtype=dtype).contiguous()
 
+        def norm(name: str) -> torch.Tensor:
+            """An RMSNorm weight in the activations' dtype (Gemma's scale by 1 + weight)."""
+            return take(name, activation_dtype) + info.norm_offset
+
         self.embed_weight = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
-        self.norm = take("model.norm.weight", self.activation_dtype)
+        self.norm = norm("model.norm.weight")
         tied = "lm_head.weight" not in weights
         head = (
             self.embed_weight if tied else self._vocab_rows(take("lm_head.weight", rows=self.vocab))
@@ -87,7 +95,11 @@ class LlamaModel:
             order = _rotary_order(head_dim)
             q, k = (weights[f"{attn}{p}_norm.weight"][order] for p in "qk")
             rows = (q.expand(self.num_heads, -1), k.expand(self.num_kv_heads, -1))
-            return torch.cat(rows).to(device=device, dtype=activation_dtype).contiguous()
+            weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset
+            return weight.contiguous()
+
+        sandwich = info.sandwich_norms  # Gemma: the MLP's input norm has its own name
+        mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
 
         self.layers = []
         for i in range(info.num_layers):
@@ -96,12 +108,10 @@ class LlamaModel:
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
-                    input_norm=take(prefix + "input_layernorm.weight", self.activation_dtype),
+                    input_norm=norm(prefix + "input_layernorm.weight"),
                     qkv=projection(qkv(attn, "weight"), bias),
                     o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
-                    post_norm=take(
-                        prefix + "post_attention_layernorm.weight", self.activation_dtype
-                    ),
+                    post_norm=norm(f"{prefix}{mlp_input_norm}.weight"),
                     gate_up=projection(
                         torch.cat(
                             (
@@ -114,11 +124,23 @@ class LlamaModel:
                     down=projection(take(mlp + "down_proj.weight", cols=inner), None),
                     qk_norm=qk_norm(attn),
                     window=info.window(i),
+                    attn_out_norm=norm(prefix + "post_attention_layernorm.weight")
+                    if sandwich
+                    else None,
+                    mlp_out_norm=norm(prefix + "post_feedforward_layernorm.weight")
+                    if sandwich
+                    else None,
+                    rope=int(bool(info.local_rope_theta and info.window(i))),
                 )
             )
-        # cos + i sin per position and frequency, complex64 whatever the model's dtype.
-        self.rotations = rope_rotations(info).to(device)
-        self.scale = info.head_dim**-0.5
+        # cos + i sin per position and frequency, complex64 whatever the model's dtype: the
+        # model's, then (Gemma 3) the sliding layers' own.
+        self.rotations = [rope_rotations(info).to(device)]
+        if info.local_rope_theta:
+            local = replace(info, rope_theta=info.local_rope_theta, rope_scaling=None)
+            self.rotations.append(rope_rotations(local).to(device))
+        self.scale = info.attention_scale or info.head_dim**-0.5
+        self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
 
     def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the vocabulary, padded with zero rows to the common width."""
@@ -129,11 +151,13 @@ class LlamaModel:
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
-        local = input_ids - self.vocab.start
-        mine = (local >= 0) & (local < self.embed_weight.shape[0])
-        rows = F.embedding(local.clamp(0, self.embed_weight.shape[0] - 1), self.embed_weight)
-        return self.tp.all_reduce((rows * mine[:, None]).to(self.activation_dtype))
+            rows = F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
+        else:
+            local = input_ids - self.vocab.start
+            mine = (local >= 0) & (local < self.embed_weight.shape[0])
+            rows = F.embedding(local.clamp(0, self.embed_weight.shape[0] - 1), self.embed_weight)
+            rows = self.tp.all_reduce((rows * mine[:, None]).to(self.activation_dtype))
+        return rows if self.info.embed_scale == 1 else rows * self.info.embed_scale
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._rms_norm(hidden, self.norm)
@@ -159,8 +183,7 @@ class LlamaModel:
         """Every layer over `hidden` (embedded tokens), attended by `batch`; before the final
         norm."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.info.head_dim
-        tp = self.tp
-        rotations = self.rotations[positions].unsqueeze(1)
+        rotations = [table[positions].unsqueeze(1) for table in self.rotations]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self._rms_norm(hidden, layer.input_norm)
             qk, v = (
@@ -171,16 +194,27 @@ class LlamaModel:
             if layer.qk_norm is not None:
                 qk = F.rms_norm(qk, (head_dim,), None, self.info.rms_norm_eps) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
-            q, k = self._rotate(qk, rotations).split((heads, kv_heads), dim=1)
+            q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window)
-            # Row-parallel: each rank's partial sum, the residual added once, then summed.
-            residual = hidden if tp.first else None
-            hidden = tp.all_reduce(layer.o_proj(attn.reshape(-1, heads * head_dim), residual))
+            attn = attn.reshape(-1, heads * head_dim)
+            hidden = self._add_projected(hidden, layer.o_proj, attn, layer.attn_out_norm)
             x = self._rms_norm(hidden, layer.post_norm)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            residual = hidden if tp.first else None
-            hidden = tp.all_reduce(layer.down(F.silu(gate) * up, residual=residual))
+            hidden = self._add_projected(hidden, layer.down, self._act(gate) * up,
+                                         layer.mlp_out_norm)  # fmt: skip
         return hidden
 
+    def _add_projected(
+        self, hidden: torch.Tensor, projection: Projection, x: torch.Tensor,
+        out_norm: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """hidden + projection(x), the projection normed first where the family norms it (Gemma).
+        Row-parallel: each rank's partial sum, the residual added once, then summed."""
+        if out_norm is not None:
+            return hidden + self._rms_norm(self.tp.all_reduce(projection(x)), out_norm)
+        return self.tp.all_reduce(projection(x, hidden if self.tp.first else None))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.tp.gather_vocab(self.lm_head(hidden).float(), self.info.vocab_size)
+        logits = self.tp.gather_vocab(self.lm_head(hidden).float(), self.info.vocab_size)
+        cap = self.info.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap

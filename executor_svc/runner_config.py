@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Literal
 
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig
-from turnstile.shared.model_info import resolve_model_path
 from turnstile.shared.settings import nested, setting
 
 
@@ -43,7 +42,7 @@ class RunnerConfig:
 
     @property
     def model_path(self) -> Path:
-        return resolve_model_path(self.engine.model)
+        return self.engine.model_path
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,7 +14,7 @@ from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
-from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
+from turnstile.shared.model_info import read_model_info, served_name
 from turnstile.shared.tokenizer import Tokenizer, read_template
 from turnstile.shared.zmq_io import scheduler_addresses
 
@@ -24,7 +24,7 @@ DRAIN_SECONDS = 60.0
 
 
 async def _serve(config: GatewayServiceConfig) -> None:
-    model, settings = resolve_model_path(config.engine.model), config.gateway
+    model, settings = config.engine.model_path, config.gateway
     info = read_model_info(model)
     if settings.chat_template is not None:
         info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))

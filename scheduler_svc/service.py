@@ -21,7 +21,7 @@ from turnstile.scheduler_svc.scheduler import Scheduler
 from turnstile.scheduler_svc.service_config import SchedulerServiceConfig
 from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.metrics_server import serve_metrics
-from turnstile.shared.model_info import read_model_info, resolve_model_path, served_name
+from turnstile.shared.model_info import read_model_info, served_name
 from turnstile.shared.protocol import (
     AbortRequest,
     AddRequest,
@@ -45,7 +45,7 @@ PROBE_DELAY = 0.2  # a second probe, in case the first ran before the peer's pip
 class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
-        path = resolve_model_path(config.engine.model)
+        path = config.engine.model_path
         self.model = read_model_info(path)
         gateway_address, executors_address = scheduler_addresses(config.addresses)
         self.gateways = GatewayLink(gateway_address)

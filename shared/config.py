@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+from turnstile.shared.model_info import resolve_model_path
 from turnstile.shared.settings import nested, setting
 
 Policy = Literal["fcfs", "priority"]
@@ -18,7 +20,12 @@ class EngineConfig:
     """The model, and the shape every service of one engine agrees on"""
 
     model: str = setting(
-        "embedded", "GGUF file or Hugging Face safetensors folder; embedded: SmolLM2-135M-Instruct"
+        "embedded",
+        "GGUF file, Hugging Face safetensors folder, or a Hugging Face id (org/name) found in the "
+        "local Hugging Face cache; embedded: SmolLM2-135M-Instruct",
+    )
+    revision: str | None = setting(
+        None, "with a Hugging Face id: the branch, tag or commit in the cache (default: main)"
     )
     max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
     block_size: int = setting(16, "tokens per KV-cache block")
@@ -34,6 +41,10 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("--max-model-len must be positive")
+
+    @property
+    def model_path(self) -> Path:
+        return resolve_model_path(self.model, self.revision)
 
 
 @dataclass(slots=True, frozen=True)

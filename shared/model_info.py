@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,13 +43,39 @@ def embedded_model_path() -> Path:
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
 
-def resolve_model_path(model: str | None) -> Path:
-    return embedded_model_path() if model in (None, "", "embedded") else Path(model)
+# A Hugging Face model id: org/name, as the Hub spells them.
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def resolve_model_path(model: str | None, revision: str | None = None) -> Path:
+    """The embedded model, a path, or a Hugging Face id's snapshot in the local cache."""
+    if model in (None, "", "embedded"):
+        return embedded_model_path()
+    path = Path(model)
+    if path.exists() or not _HUB_ID.fullmatch(model):
+        return path
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:  # nothing is downloaded: local_files_only
+        return Path(snapshot_download(model, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        wanted = model + (f" at revision {revision}" if revision else "")
+        raise FileNotFoundError(
+            f"{wanted} is neither a path nor in the Hugging Face cache {constants.HF_HUB_CACHE} "
+            "(Turnstile downloads nothing: fetch it first, e.g. `hf download ...`)"
+        ) from None
 
 
 def served_name(model: Path) -> str:
-    """The model id clients use."""
-    return EMBEDDED_NAME if model == embedded_model_path() else model.name
+    """The model id clients use: the embedded model's name, a Hugging Face cache snapshot's
+    org/name, else the folder's or file's name."""
+    if model == embedded_model_path():
+        return EMBEDDED_NAME
+    repo = model.parent.parent.name  # .../models--org--name/snapshots/<commit>
+    if model.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return model.name
 
 
 @dataclass(frozen=True, slots=True)

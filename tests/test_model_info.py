@@ -170,3 +170,40 @@ def test_serve_refuses_an_unsupported_model_before_starting_anything(tmp_path: P
     )  # fmt: skip
     assert done.returncode == 1
     assert "model_type = 'gemma2' is not supported" in done.stderr
+
+
+def test_a_hugging_face_id_is_found_in_the_local_cache_and_a_missing_one_named(
+    tmp_path: Path,
+) -> None:
+    """org/name resolves to its snapshot in the Hugging Face cache (main, or a --revision),
+    served under that id; a model not there stops `serve` naming the cache it looked in."""
+    import json
+
+    repo = tmp_path / "hub" / "models--acme--tiny-llama"
+    for ref, commit in (("main", "a" * 40), ("v2", "b" * 40)):
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        config = BASE_CONFIG | {"num_hidden_layers": 2 if ref == "main" else 3}
+        (repo / "snapshots" / commit / "config.json").write_text(json.dumps(config))
+    child = textwrap.dedent(
+        """
+        from turnstile.shared.config import EngineConfig
+        from turnstile.shared.model_info import read_model_info, served_name
+        for revision in (None, "v2"):
+            path = EngineConfig(model="acme/tiny-llama", revision=revision).model_path
+            print(served_name(path), path.name, read_model_info(path).num_layers)
+        """
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [f"acme/tiny-llama {'a' * 40} 2",
+                                           f"acme/tiny-llama {'b' * 40} 3"]  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "serve", "--model", "acme/absent"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 1
+    assert "acme/absent is neither a path nor in the Hugging Face cache" in missing.stderr
+    assert str(tmp_path / "hub") in missing.stderr

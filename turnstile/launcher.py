@@ -33,7 +33,7 @@ from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
-from turnstile.shared.model_info import read_model_info, resolve_model_path
+from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.settings import nested, setting
 from turnstile.shared.zmq_io import scheduler_addresses
@@ -146,8 +146,8 @@ def _start(service: Service) -> BaseProcess:
 
 def serve(config: ServeConfig) -> None:
     try:  # a model the executor would run wrongly stops here, before any service starts
-        read_model_info(resolve_model_path(config.engine.model))
-    except UnsupportedModel as exc:
+        read_model_info(config.engine.model_path)
+    except (UnsupportedModel, FileNotFoundError) as exc:
         sys.exit(f"turnstile: {exc}")
     # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,
     # and several stacks on one host never meet.

@@ -29,10 +29,10 @@ def prepare(config: EngineConfig, _: argparse.Namespace) -> None:
     dequantized weights, the native CPU kernels. Later starts only map files."""
     from turnstile.executor_svc.model.weights import load_weights
     from turnstile.kernels import cpu_native
-    from turnstile.shared.model_info import read_model_info, resolve_model_path
+    from turnstile.shared.model_info import read_model_info
     from turnstile.shared.tokenizer import Tokenizer
 
-    path = resolve_model_path(config.model)
+    path = config.model_path
     info = read_model_info(path)
     Tokenizer(path, info)
     load_weights(path, info)

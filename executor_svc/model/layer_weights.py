@@ -18,7 +18,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Projection  # gate, up stacked
     down: Projection
-    # [heads + kv_heads, head_dim]: each query and key head's RMSNorm weight (Qwen3), in
+    # [heads + kv_heads, head_dim]: each query and key head's RMSNorm weight (Qwen3, Gemma 3), in
     # interleaved rotary order; None where the family has none.
     qk_norm: torch.Tensor | None = None
     window: int = 0  # sliding window in tokens; 0: full attention

@@ -208,7 +208,6 @@ def _from_gguf(path: Path) -> ModelInfo:
         eos_token_id=int(field("tokenizer.ggml.eos_token_id", 2)),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
-        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         chat_template=field("tokenizer.chat_template"),
     )
 

@@ -18,6 +18,9 @@ GGUF_ARCHITECTURES = ("llama", "qwen2")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
 ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+# Those scaled from an original context length, which transformers requires.
+NEEDS_ORIGINAL = ("llama3", "longrope", "yarn")
+ORIGINAL = "original_max_position_embeddings"
 
 
 class UnsupportedModel(ValueError):
@@ -41,7 +44,11 @@ def rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     rope = config.get("rope_parameters") or {}
     if "full_attention" in rope:
         return rope["full_attention"], rope.get("sliding_attention")
-    return config.get("rope_scaling") or rope, None
+    rope = config.get("rope_scaling") or rope
+    original = config.get("original_max_position_embeddings")
+    if rope_type(rope) in NEEDS_ORIGINAL and original and ORIGINAL not in rope:
+        rope = {**rope, ORIGINAL: original}  # Phi-3's older configs keep it beside rope_scaling
+    return rope, None
 
 
 def family_features(config: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +102,8 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     if rope_type(rope) not in ROPE_TYPES:
         _refuse(source, "rope_scaling.rope_type", rope_type(rope),
                 f"supported: {', '.join(ROPE_TYPES)}")  # fmt: skip
+    if rope_type(rope) in NEEDS_ORIGINAL and ORIGINAL not in rope:
+        _refuse(source, f"rope_scaling.{ORIGINAL}", None, f"{rope_type(rope)} RoPE needs it")
     if local is not None and rope_type(local) != "default":
         _refuse(source, "rope_parameters.sliding_attention.rope_type", rope_type(local),
                 "sliding layers' RoPE: default only")  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from turnstile.executor_svc.model.rope import rope_rotations
 from turnstile.shared.model_info import derived_path, embedded_model_path, read_model_info
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -105,6 +106,8 @@ BASE_CONFIG = {
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+         "rope_scaling.original_max_position_embeddings"),
         ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
         ({"attention_bias": True}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
@@ -126,8 +129,24 @@ def test_a_config_asking_for_what_is_not_implemented_is_refused_by_field(
     "change",
     [
         {"model_type": "mistral", "sliding_window": None},  # Mistral v0.2 on: no window
+        # Phi-3's older format: longrope's original context beside rope_scaling
+        {
+            "model_type": "phi3",
+            "original_max_position_embeddings": 256,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+            },
+        },
         {"model_type": "qwen2", "attention_bias": True},  # Qwen2's qkv bias
-        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 256,
+            }
+        },
     ],
 )
 def test_a_config_whose_features_are_implemented_or_inert_is_read(
@@ -136,7 +155,9 @@ def test_a_config_whose_features_are_implemented_or_inert_is_read(
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | change))
-    assert read_model_info(tmp_path).num_layers == 2
+    info = read_model_info(tmp_path)
+    assert info.num_layers == 2
+    rope_rotations(info)  # its RoPE table builds
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,5 @@ def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Ten
         rope_parameters={**(info.rope_scaling or {}), "rope_type": kind,
                          "rope_theta": info.rope_theta},
     )  # fmt: skip
-    if kind == "longrope":
-        inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len)
-    else:
-        inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len)
     return inv_freq, float(factor)

@@ -16,7 +16,7 @@ import torch
 
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
-from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
 from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
@@ -29,6 +29,7 @@ from turnstile.executor_svc.sampler import (
 )
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_layout import StepLayout
+from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight
 from turnstile.kernels.reference import DecodePlan, PrefillPlan
 from turnstile.shared.model_info import ModelInfo
 
@@ -96,7 +97,18 @@ class Backend(ABC):
         """The dtype of activations and the KV cache for weights of `weight_dtype`."""
         return weight_dtype
 
-    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Projection:
+    def keeps_quantized(self) -> bool:
+        """Whether the model's GGUF blocks stay quantized (`--quantization`); only the cpu
+        backend computes on them."""
+        if self.config.executor.quantization == "gguf":
+            raise ValueError(
+                f"--quantization gguf runs on the cpu backend, not the {self.name} backend"
+            )
+        return False
+
+    def projection(self, weight: Weight, bias: torch.Tensor | None) -> Projection:
+        if isinstance(weight, (QuantizedWeight, PackedWeight)):
+            raise TypeError(f"the {self.name} backend computes on dequantized weights")
         return DenseProjection(weight, bias)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:

@@ -19,6 +19,7 @@ from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
+from turnstile.kernels import cpu_native
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids, unpack_ids
 
@@ -49,7 +50,8 @@ class ModelRunner:
         self.max_model_len = min(
             engine.max_model_len or self.info.max_model_len, self.info.max_model_len
         )
-        weights = load_weights(config.model_path, self.info)
+        self.quantized = self.backend.keeps_quantized()
+        weights = load_weights(config.model_path, self.info, self.quantized)
         self.model = LlamaModel(
             self.info,
             weights,
@@ -78,9 +80,10 @@ class ModelRunner:
         self._rng = np.random.default_rng(self.tp.shared_seed(self.device))
         self.load_seconds = time.perf_counter() - started
         log.info(
-            "model ready in %.1f s on the %s backend, %d KV blocks",
+            "model ready in %.1f s on the %s backend%s, %d KV blocks",
             self.load_seconds,
             self.backend.name,
+            f" ({cpu_native.best_isa()}), its GGUF blocks kept" if self.quantized else "",
             self.num_blocks,
         )
 

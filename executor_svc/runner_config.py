@@ -23,6 +23,12 @@ class ExecutorConfig:
         "auto: cuda on a GPU; on a CPU the native kernels where they run, else torch (the "
         "plain-torch reference)",
     )
+    quantization: Literal["auto", "gguf", "none"] = setting(
+        "auto",
+        "gguf: compute on a GGUF file's Q4_0/Q4_1/Q8_0 blocks as stored, activations quantized "
+        "to int8 (cpu backend); none: dequantize every weight to --dtype; auto: gguf for a GGUF "
+        "file on the cpu backend when no --dtype is given",
+    )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 NATIVE = Path(__file__).parent / "native"
 SOURCES = sorted(NATIVE.glob("*.c"))
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 LIBRARIES = ["-lm"]
 PANEL = 16  # output features per weight panel, as in gemm.c
 PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by
@@ -46,18 +47,26 @@ class DecodeStep(ctypes.Structure):
         ("seq_lens", _PTR),
         ("scratch", _PTR),
         ("window", _LONG),
+        ("isa", _LONG),
     ]
+
+
+class NativeWeight(ctypes.Structure):
+    """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there."""
+
+    _fields_ = [("data", _PTR), ("bits", _LONG)]
 
 
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
     "paged_decode_attention_f32": [*[_PTR] * 4, _LONG, _PTR, _PTR, *[_LONG] * 5, _FLOAT, _LONG],
-    "decode_layer_f32": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
-    "decode_layer_bf16": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
+    "linear_quantized": [_PTR] * 5 + [_LONG] * 3 + [ctypes.c_int] * 2,
 }
+ISAS = ("avx2", "avx512_vnni")  # the quantized product's tiles, as quantized.c numbers them
 
 
 @functools.cache
@@ -96,8 +105,8 @@ def build(compiler: str = "cc") -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The kernels, built if need be; None where they cannot run or be built here."""
-    if not {"avx2", "fma"} <= cpu_flags():
-        log.warning("native CPU kernels unavailable: this CPU lacks AVX2 or FMA")
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        log.warning("native CPU kernels unavailable: this CPU lacks AVX2, FMA or F16C")
         return None
     if not library_path().exists() and shutil.which("cc") is None:
         log.warning("native CPU kernels unavailable: no C compiler (cc) to build them")
@@ -111,6 +120,9 @@ def library() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
     lib.decode_layer_scratch.restype = _LONG
+    lib.decode_layer.restype = ctypes.c_int
+    lib.linear_f32.restype = lib.linear_bf16.restype = None  # void: nothing to read back
+    lib.linear_quantized.restype = ctypes.c_int
     return lib
 
 
@@ -138,6 +150,38 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 _BF16_PAIRS = torch.arange(PANEL).view(2, -1).t().reshape(-1)  # 0, 8, 1, 9, ..., 7, 15
 
 
+def _product(
+    kernel: Callable[..., int | None],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    *extra: int,
+) -> torch.Tensor:
+    """Calls one of the `linear*` kernels (x, weight, y, bias, residual, M, N, K, *extra)."""
+    x = x.contiguous()
+    if residual is not None:
+        residual = residual.contiguous()  # bound here: a temporary would be freed before the call
+    rows, in_features = x.shape
+    out = x.new_empty(rows, out_features)
+    with torch.profiler.record_function(PROFILE_LABEL):
+        failed = kernel(
+            x.data_ptr(),
+            weight.data_ptr(),
+            out.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            rows,
+            out_features,
+            in_features,
+            *extra,
+        )
+    if failed:
+        raise MemoryError("the quantized product could not allocate the activations' codes")
+    return out
+
+
 def linear(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -148,24 +192,31 @@ def linear(
     """`x @ weight.T (+ bias) (+ residual)` in float32, `packed` from `pack_weight`."""
     lib = library()
     assert lib is not None
-    x = x.contiguous()
-    if residual is not None:
-        residual = residual.contiguous()  # bound here: a temporary would be freed before the call
-    rows, in_features = x.shape
-    out = x.new_empty(rows, out_features)
     kernel = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
-    with torch.profiler.record_function(PROFILE_LABEL):
-        kernel(
-            x.data_ptr(),
-            packed.data_ptr(),
-            out.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            rows,
-            out_features,
-            in_features,
-        )
-    return out
+    return _product(kernel, x, packed, out_features, bias, residual)
+
+
+def best_isa() -> str:
+    """The widest of `ISAS` this CPU runs."""
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
+    return "avx512_vnni" if avx512 else "avx2"
+
+
+def linear_quantized(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T (+ bias) (+ residual)`, `packed` from `quantized_weights.pack`, `x`
+    quantized per block of 32 to int8 on the way (quantized.c); on `isa` (default the best)."""
+    lib = library()
+    assert lib is not None
+    isa_index = ISAS.index(isa or best_isa())
+    return _product(lib.linear_quantized, x, packed, out_features, bias, residual, bits, isa_index)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

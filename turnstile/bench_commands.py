@@ -38,6 +38,28 @@ def parity(args: argparse.Namespace) -> None:
         )
 
 
+def quality(args: argparse.Namespace) -> None:
+    from turnstile.bench.quality_bench import measure
+
+    report = measure(args.new_tokens)
+    reference = report["float32"].perplexity
+    for name, q in report.items():
+        print(
+            f"{name}: perplexity {q.perplexity:.4f} ({q.perplexity / reference - 1:+.2%} vs "
+            f"float32); {q.identical} of 9 prompts identical to float32, {q.same_prefix} of "
+            f"{q.tokens} tokens before the first divergence"
+        )
+
+
+def projections(args: argparse.Namespace) -> None:
+    from turnstile.bench.projection_bench import measure
+    from turnstile.kernels import cpu_native
+
+    print(f"CPU flags used: {cpu_native.best_isa()}")
+    for rows, paths in measure(args.rows, args.repeats).items():
+        print(f"{rows} rows: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in paths.items()))
+
+
 def gpu(args: argparse.Namespace) -> None:
     import json
 
@@ -228,6 +250,17 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     command.add_argument("--new-tokens", type=int, default=64)
     command.set_defaults(handler=parity)
+    command = bench.add_parser(
+        "projections", help="the model's layer products per native path: bf16, Q4_1 per ISA"
+    )
+    command.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    command.add_argument("--repeats", type=int, default=7)
+    command.set_defaults(handler=projections)
+    command = bench.add_parser(
+        "quality", help="each weight format against float32: greedy agreement, perplexity"
+    )
+    command.add_argument("--new-tokens", type=int, default=64)
+    command.set_defaults(handler=quality)
     command = bench.add_parser(
         "gpu", help="the CUDA backend on this GPU: HF parity, speed, roofline, a served run"
     )

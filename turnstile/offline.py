@@ -16,6 +16,7 @@ from turnstile.shared.protocol import AddRequest, unpack_ids
 class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)  # of prompt tokens 1, 2, ...
     finish_reason: str | None = None
     error: str = ""
 
@@ -57,6 +58,8 @@ class OfflineEngine:
                 results[req_id].token_ids.append(token)
                 if step.logprobs and step.logprobs[index]:
                     results[req_id].logprobs.append(step.logprobs[index])
+            for prompt in step.prompt_logprobs:
+                results[prompt.req_id].prompt_logprobs += [e[0][1] for e in prompt.entries]
             for ended in outputs.finished:
                 results[ended.req_id].finish_reason = ended.reason
                 results[ended.req_id].error = ended.error

@@ -9,13 +9,18 @@ import torch
 
 from turnstile.executor_svc.backend import Backend, FusedRows, KVCaches, Route
 from turnstile.executor_svc.backends.native_decode import NativeDecode
-from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.backends.packed_projection import (
+    NativeProjection,
+    PackedProjection,
+    QuantizedProjection,
+)
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
-from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, pack
 from turnstile.shared.model_info import ModelInfo
 
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
@@ -51,6 +56,7 @@ class CpuNativeBackend(Backend):
         native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats
         self.attention = NATIVE_ATTENTION if native else TORCH_ATTENTION
         self._native: NativeDecode | None = None
+        self._quantized = False
 
     def default_dtype(self) -> str:
         return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)
@@ -58,20 +64,42 @@ class CpuNativeBackend(Backend):
     def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         return torch.float32
 
-    def projection(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedProjection:
+    def keeps_quantized(self) -> bool:
+        engine, executor = self.config.engine, self.config.executor
+        gguf = engine.model_path.suffix == ".gguf"
+        if executor.quantization == "gguf":
+            if not gguf:
+                raise ValueError(f"--quantization gguf needs a GGUF file, not {engine.model}")
+            if engine.tensor_parallel_size > 1:
+                raise ValueError("--quantization gguf runs on one rank (--tensor-parallel-size 1)")
+            return True
+        auto = executor.quantization == "auto" and executor.dtype == "auto"
+        return auto and gguf and engine.tensor_parallel_size == 1
+
+    def projection(self, weight: Weight, bias: torch.Tensor | None) -> NativeProjection:
+        if isinstance(weight, QuantizedWeight):
+            weight = pack(weight)
+        if isinstance(weight, PackedWeight):
+            return QuantizedProjection(weight, bias)
         return PackedProjection(weight, bias)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
         if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
             self._native = NativeDecode(model.info, model.layers, model.rotations[0])
+        projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
+        self._quantized = any(isinstance(p, QuantizedProjection) for p in projections)
 
     def route(self, layout: StepLayout) -> Route:
         """With one or a few rows, Python and dispatch cost more than the arithmetic: decode
-        rows, and the tokens of short prefill chunks, go through the fused layers."""
+        rows, and the tokens of short prefill chunks, go through the fused layers. On quantized
+        weights every token does: int8 activations turn two routes' last-bit differences into
+        different codes, so one route keeps a token's result the same bits in any step (a
+        request recomputed after a preemption or an executor's restart, or run alone or
+        batched, generates the same tokens)."""
         if self._native is None:
             return Route.LAYERS
-        if not len(layout.prefill_rows) or layout.short_prefill():
+        if self._quantized or not len(layout.prefill_rows) or layout.short_prefill():
             return Route.FUSED
         return Route.SPLIT if len(layout.decode_rows) else Route.LAYERS
 

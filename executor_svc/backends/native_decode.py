@@ -10,7 +10,11 @@ import ctypes
 
 import torch
 
-from turnstile.executor_svc.backends.packed_projection import PackedProjection
+from turnstile.executor_svc.backends.packed_projection import (
+    NativeProjection,
+    PackedProjection,
+    QuantizedProjection,
+)
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection
 from turnstile.kernels import cpu_native
@@ -24,14 +28,14 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _projection(projection: Projection) -> PackedProjection:
-    if not isinstance(projection, PackedProjection):
+def _projection(projection: Projection) -> NativeProjection:
+    if not isinstance(projection, (PackedProjection, QuantizedProjection)):
         raise TypeError("the fused native layers need the cpu backend's projections")
     return projection
 
 
-def _packed(projection: Projection) -> torch.Tensor:
-    return _projection(projection).packed
+def _projections(layer: LayerWeights) -> tuple[Projection, ...]:
+    return layer.qkv, layer.o_proj, layer.gate_up, layer.down
 
 
 def _bias(projection: Projection) -> torch.Tensor | None:
@@ -50,30 +54,30 @@ class NativeDecode:
     def __init__(
         self, info: ModelInfo, layers: list[LayerWeights], rotations: torch.Tensor
     ) -> None:
-        """Every projection of `layers` a `PackedProjection`, all in one dtype."""
+        """Every projection of `layers` one of the cpu backend's (`packed_projection.py`)."""
         lib = cpu_native.library()
         assert lib is not None
         self._lib = lib
         self.info = info
         self._rotations = torch.view_as_real(rotations)  # [positions, dim / 2, 2] float32
-        bf16 = _packed(layers[0].qkv).dtype == torch.bfloat16
-        self._layer = lib.decode_layer_bf16 if bf16 else lib.decode_layer_f32
         self._windows = [layer.window for layer in layers]
+        self._isa = cpu_native.ISAS.index(cpu_native.best_isa())
+        # The structs the pointers below point at, kept alive as long as this object.
+        self._descriptors = [
+            [_projection(p).native_weight() for p in _projections(layer)] for layer in layers
+        ]
         self._weights = [
-            tuple(
-                _address(t)
-                for t in (
-                    layer.input_norm,
-                    _packed(layer.qkv),
-                    _bias(layer.qkv),
-                    layer.qk_norm,
-                    _packed(layer.o_proj),
-                    layer.post_norm,
-                    _packed(layer.gate_up),
-                    _packed(layer.down),
-                )
+            (
+                _address(layer.input_norm),
+                ctypes.addressof(qkv),
+                _address(_bias(layer.qkv)),
+                _address(layer.qk_norm),
+                ctypes.addressof(o_proj),
+                _address(layer.post_norm),
+                ctypes.addressof(gate_up),
+                ctypes.addressof(down),
             )
-            for layer in layers
+            for layer, (qkv, o_proj, gate_up, down) in zip(layers, self._descriptors, strict=True)
         ]
 
     def __call__(
@@ -106,6 +110,8 @@ class NativeDecode:
             plan.block_size,
             plan.seq_lens.data_ptr(),
             scratch.data_ptr(),
+            0,
+            self._isa,
         )
         pointer = ctypes.byref(step)
         with torch.profiler.record_function(PROFILE_LABEL):
@@ -113,6 +119,6 @@ class NativeDecode:
             for (k_cache, v_cache), weights, window in layers:
                 step.k_cache, step.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
                 step.window = window
-                if self._layer(hidden.data_ptr(), *weights, pointer):
-                    raise MemoryError("native decode attention could not allocate its scores")
+                if self._lib.decode_layer(hidden.data_ptr(), *weights, pointer):
+                    raise MemoryError("a native decode layer could not allocate its buffers")
         return hidden

@@ -21,18 +21,30 @@ from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
 from turnstile.executor_svc.model.rope import rope_rotations
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
+from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, pack
 from turnstile.shared.model_info import ModelInfo
 
 ALL = slice(None)
 
 
-def interleave_rotary_halves(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+Weight = torch.Tensor | QuantizedWeight | PackedWeight
+
+
+def interleave_rotary_halves(weight: Weight, heads: int, head_dim: int) -> Weight:
     """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...).
 
     RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
     complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
     and so attention, unchanged; V is not touched."""
-    return weight.reshape(heads, head_dim, -1)[:, _rotary_order(head_dim)].reshape(weight.shape)
+    rows = torch.arange(heads * head_dim).view(heads, head_dim)[:, _rotary_order(head_dim)]
+    return weight[rows.flatten()]
+
+
+def stack_rows(parts: list[Weight]) -> Weight:
+    """Weights stacked by rows (q, k and v; gate and up), dense or quantized alike."""
+    if isinstance(parts[0], QuantizedWeight):
+        return QuantizedWeight.cat(parts)  # type: ignore[arg-type]
+    return torch.cat(parts)  # type: ignore[arg-type]
 
 
 def _rotary_order(head_dim: int) -> torch.Tensor:
@@ -43,7 +55,7 @@ class LlamaModel:
     def __init__(
         self,
         info: ModelInfo,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Weight],
         dtype: torch.dtype,
         activation_dtype: torch.dtype,
         device: torch.device,
@@ -52,7 +64,8 @@ class LlamaModel:
     ) -> None:
         """Weights in `dtype` on `device`; activations, norms and the KV cache in
         `activation_dtype`; each projection made by the backend's `projection`; with `tp`,
-        this rank's share of every layer (`tensor_parallel.py`)."""
+        this rank's share of every layer (`tensor_parallel.py`). A `QuantizedWeight` stays as
+        it is (the cpu backend's projections compute on its blocks)."""
         self.info = info
         self.dtype = dtype
         self.activation_dtype = activation_dtype
@@ -64,24 +77,34 @@ class LlamaModel:
         self.vocab = tp.vocab(info.vocab_size)
 
         def take(name: str, as_dtype: torch.dtype = dtype, rows: slice = ALL,
-                 cols: slice = ALL) -> torch.Tensor:  # fmt: skip
-            share = weights[name][rows] if weights[name].dim() == 1 else weights[name][rows, cols]
+                 cols: slice = ALL) -> Weight:  # fmt: skip
+            weight = weights[name]
+            if isinstance(weight, QuantizedWeight):
+                if tp.size > 1:
+                    raise ValueError("quantized weights are not split across ranks")
+                return weight[rows]
+            share = weight[rows] if weight.dim() == 1 else weight[rows, cols]
             return share.to(device=device, dtype=as_dtype).contiguous()
 
         def heads(s: slice) -> slice:
             return slice(s.start * head_dim, s.stop * head_dim)
 
-        def qkv(attn: str, kind: str) -> torch.Tensor:
+        def qkv(attn: str, kind: str) -> Weight:
             q, k, v = (weights[f"{attn}{p}_proj.{kind}"] for p in "qkv")
             q = interleave_rotary_halves(q, info.num_heads, head_dim)[heads(queries)]
             k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
-            return torch.cat((q, k, v[heads(kv)])).to(device=device, dtype=dtype).contiguous()
+            stacked = stack_rows([q, k, v[heads(kv)]])
+            if isinstance(stacked, QuantizedWeight):
+                return stacked
+            return stacked.to(device=device, dtype=dtype).contiguous()
 
         def norm(name: str) -> torch.Tensor:
             """An RMSNorm weight in the activations' dtype (Gemma's scale by 1 + weight)."""
-            return take(name, activation_dtype) + info.norm_offset
+            return take(name, activation_dtype) + info.norm_offset  # type: ignore[operator]
 
-        self.embed_weight = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
+        embed = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
+        # Quantized, packed once: its rows looked up there, and a tied head multiplies it.
+        self.embed_weight = pack(embed) if isinstance(embed, QuantizedWeight) else embed
         self.norm = norm("model.norm.weight")
         tied = "lm_head.weight" not in weights
         head = (
@@ -113,11 +136,11 @@ class LlamaModel:
                     o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
                     post_norm=norm(f"{prefix}{mlp_input_norm}.weight"),
                     gate_up=projection(
-                        torch.cat(
-                            (
+                        stack_rows(
+                            [
                                 take(mlp + "gate_proj.weight", rows=inner),
                                 take(mlp + "up_proj.weight", rows=inner),
-                            )
+                            ]
                         ),
                         None,
                     ),
@@ -142,15 +165,17 @@ class LlamaModel:
         self.scale = info.attention_scale or info.head_dim**-0.5
         self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
 
-    def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
+    def _vocab_rows(self, weight: Weight) -> Weight:
         """This rank's slice of the vocabulary, padded with zero rows to the common width."""
         width = self.vocab.stop - self.vocab.start
-        if weight.shape[0] == width:
-            return weight
+        if weight.shape[0] == width or isinstance(weight, QuantizedWeight):
+            return weight  # quantized weights are not split across ranks (`take`)
         return torch.cat((weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])))
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.size == 1:
+        if isinstance(self.embed_weight, PackedWeight):
+            rows = self.embed_weight.rows(input_ids, self.activation_dtype)
+        elif self.tp.size == 1:
             rows = F.embedding(input_ids, self.embed_weight).to(self.activation_dtype)
         else:
             local = input_ids - self.vocab.start

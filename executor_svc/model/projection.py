@@ -4,7 +4,7 @@ packs the weight for its native kernel); this is the plain one, cuBLAS on CUDA."
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,8 @@ class Projection(Protocol):
         ...
 
 
-ProjectionFactory = Callable[[torch.Tensor, "torch.Tensor | None"], Projection]
+# A backend's projection from a weight, dense or `QuantizedWeight`, and a bias.
+ProjectionFactory = Callable[[Any, "torch.Tensor | None"], Projection]
 
 
 class DenseProjection:

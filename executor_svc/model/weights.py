@@ -1,7 +1,8 @@
 """Model weights as a Hugging Face-named state dict, from a safetensors directory or a GGUF file.
 
 A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
-later start maps the file instead of dequantizing for seconds.
+later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
+Q4_0/Q4_1/Q8_0 matrices are kept in their blocks (`kernels/quantized_weights.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
+from turnstile.kernels.quantized_weights import BITS, QuantizedWeight, from_gguf
 from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
+
+Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,11 @@ _GGUF_GLOBAL_NAMES = {
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
+def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
+    """With `quantized`, a GGUF file's matrices of the kept block types stay in their blocks
+    (every other tensor is dequantized); without, every tensor is float32."""
+    if quantized:
+        return read_gguf(path, info, quantized=True)
     if path.suffix != ".gguf":
         files = sorted(path.glob("*.safetensors"))
         if not files:
@@ -53,7 +61,7 @@ def load_weights(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
     cached = derived_path(path, "weights.safetensors")
     if cached.exists():
         return load_file(cached)
-    weights = dequantize_gguf(path, info)
+    weights = read_gguf(path, info)
     if write_atomically(cached, save(weights)):
         log.info("cached dequantized weights in %s", cached)
     return weights
@@ -75,18 +83,23 @@ def _split_fused(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str,
     return weights
 
 
-def dequantize_gguf(path: Path, info: ModelInfo) -> dict[str, torch.Tensor]:
+def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     reader = gguf.GGUFReader(path)
     arch = str(reader.fields["general.architecture"].contents())
-    weights = {}
+    weights: Weights = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        value: torch.Tensor | QuantizedWeight
+        if quantized and tensor.tensor_type in BITS:
+            value = from_gguf(tensor.data, tensor.tensor_type)
+        else:
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            value = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            values = _undo_rope_permutation(values, info.num_heads)
+            value = value[_rope_order(value.shape[0], info.num_heads)]
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            values = _undo_rope_permutation(values, info.num_kv_heads)
-        weights[name] = torch.from_numpy(np.ascontiguousarray(values))
+            value = value[_rope_order(value.shape[0], info.num_kv_heads)]
+        weights[name] = value
     return weights
 
 
@@ -99,8 +112,7 @@ def _hf_name(gguf_name: str) -> str:
     return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}"
 
 
-def _undo_rope_permutation(values: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp interleaves each head's rotary halves; Hugging Face keeps them split."""
-    rows = values.shape[0]
-    shaped = values.reshape(num_heads, rows // num_heads // 2, 2, *values.shape[1:])
-    return shaped.swapaxes(1, 2).reshape(values.shape)
+def _rope_order(rows: int, num_heads: int) -> torch.Tensor:
+    """The rows in Hugging Face's order: llama.cpp interleaves each head's rotary halves."""
+    order = torch.arange(rows).view(num_heads, rows // num_heads // 2, 2)
+    return order.transpose(1, 2).reshape(-1)

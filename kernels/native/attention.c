@@ -4,9 +4,9 @@
  * The torch path gathers every row's blocks into a contiguous copy (per layer, K and V) before
  * one batched SDPA; here each task takes a run of one row's blocks and, block by block, scores
  * all of the row's query heads against every key in it and sums V weighted by the softmax, so
- * each block is read once, whole, while it is in the cache. When a step has few rows, a row's
- * context is split into several such tasks (as flash-decoding does on a GPU) so that every
- * thread has work; their partial softmaxes are then merged. Cache layout as in
+ * each block is read once, whole, while it is in the cache. A row's context is split into
+ * several such tasks (as flash-decoding does on a GPU), so that one long row gives every thread
+ * work; their partial softmaxes are then merged. Cache layout as in
  * kernels/reference.py: [blocks][block_size][kv_heads][head_dim]. */
 #include <math.h>
 #include <omp.h>
@@ -14,10 +14,10 @@
 
 #include "simd.h"
 
-/* A task is at least this many blocks of its row, and a step aims at this many tasks a
- * thread: fewer leave a thread idle when the others finish, more merge for nothing. */
-#define MIN_BLOCKS_PER_TASK 4
-#define TASKS_PER_THREAD 4
+/* A row's context is split into tasks of this many blocks, counted from its first visible
+ * token: where the splits fall depends on the row alone, never on the rows beside it, so a
+ * row's result is the same bits in any step (the quantized path relies on it). */
+#define BLOCKS_PER_TASK 4
 
 typedef struct {
     const float *k_cache, *v_cache;
@@ -175,23 +175,19 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                                float *out, long rows, long heads, long kv_heads, long dim,
                                long block_size, float scale, long window) {
     Decode a = {k_cache, v_cache, block_tables, width, heads, kv_heads, dim, block_size, scale};
-    const long wanted = TASKS_PER_THREAD * omp_get_max_threads();
-    const long most_parts = rows >= wanted ? 1 : (wanted + rows - 1) / rows;
-    long tasks = 0, stride = 8; /* a head's scores in a task, rounded up to whole vectors */
+    const long per_task = BLOCKS_PER_TASK * block_size;
+    long most_tasks = 0, tasks = 0, stride = 8; /* a head's scores in a task, in whole vectors */
+    for (long r = 0; r < rows; r++) most_tasks += (seq_lens[r] + per_task - 1) / per_task;
     long *first_task = malloc(sizeof(long) * (rows + 1));
-    Task *task = malloc(sizeof(Task) * rows * most_parts);
-    float *partials = malloc(sizeof(float) * rows * most_parts * heads * (dim + 2));
-    Partial *parts = malloc(sizeof(Partial) * rows * most_parts);
+    Task *task = malloc(sizeof(Task) * most_tasks);
+    float *partials = malloc(sizeof(float) * most_tasks * heads * (dim + 2));
+    Partial *parts = malloc(sizeof(Partial) * most_tasks);
     if (!first_task || !task || !partials || !parts) {
         free(first_task); free(task); free(partials); free(parts);
         return -1;
     }
     for (long r = 0; r < rows; r++) {
         const long start = window > 0 && seq_lens[r] > window ? seq_lens[r] - window : 0;
-        const long blocks = (seq_lens[r] - start + block_size - 1) / block_size;
-        long split = blocks / MIN_BLOCKS_PER_TASK;
-        split = split < 1 ? 1 : split > most_parts ? most_parts : split;
-        const long per_task = (blocks + split - 1) / split * block_size;
         first_task[r] = tasks;
         for (long begin = start; begin < seq_lens[r]; begin += per_task, tasks++) {
             const long end = begin + per_task < seq_lens[r] ? begin + per_task : seq_lens[r];

@@ -12,10 +12,19 @@ void linear_f32(const float *x, const float *w, float *y, const float *bias,
                 const float *residual, long M, long N, long K);
 void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  const float *residual, long M, long N, long K);
+int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
+                     const float *residual, long M, long N, long K, int bits, int isa);
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
                                long block_size, float scale, long window);
+
+/* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
+ * (bfloat16 panels), 8 or 4 (quantized panels, quantized.h). */
+typedef struct {
+    const void *data;
+    long bits;
+} Weight;
 
 typedef struct {
     long rows, hidden, intermediate, heads, kv_heads, dim;
@@ -28,7 +37,17 @@ typedef struct {
     const long *seq_lens;     /* [rows], the new token included */
     float *scratch;           /* see `decode_layer_scratch` */
     long window;              /* this layer's sliding window; 0: full attention */
+    long isa;                 /* the quantized products' tiles (quantized.c) */
 } Step;
+
+/* -1 where a quantized product could not allocate. */
+static int project(const Weight *w, const float *x, float *y, const float *bias,
+                   const float *residual, long M, long N, long K, long isa) {
+    if (w->bits == 32) linear_f32(x, w->data, y, bias, residual, M, N, K);
+    else if (w->bits == 16) linear_bf16(x, w->data, y, bias, residual, M, N, K);
+    else return linear_quantized(x, w->data, y, bias, residual, M, N, K, (int)w->bits, (int)isa);
+    return 0;
+}
 
 long decode_layer_scratch(long rows, long hidden, long intermediate, long heads, long kv_heads,
                           long dim) {
@@ -92,33 +111,27 @@ static void silu_and_multiply(const float *gate_up, float *act, long rows, long 
     }
 }
 
-#define DECODE_LAYER(SUFFIX, WT)                                                               \
-    int decode_layer_##SUFFIX(float *hidden, const float *input_norm, const WT *qkv,           \
-                              const float *qkv_bias, const float *qk_norm, const WT *o_proj,   \
-                              const float *post_norm, const WT *gate_up, const WT *down,       \
-                              const Step *s) {                                                 \
-        const long rows = s->rows, q_width = s->heads * s->dim;                                \
-        const long qkv_width = q_width + 2 * s->kv_heads * s->dim;                             \
-        float *projected = s->scratch, *queries = projected + rows * qkv_width;                \
-        float *attn = queries + rows * q_width, *x = attn + rows * q_width;                    \
-        float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;              \
-        rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);                              \
-        linear_##SUFFIX(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden);        \
-        rotate_and_cache(s, projected, qk_norm);                                               \
-        for (long r = 0; r < rows; r++)                                                        \
-            for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i]; \
-        if (paged_decode_attention_f32(queries, s->k_cache, s->v_cache, s->block_tables,       \
-                                       s->width, s->seq_lens, attn, rows, s->heads,            \
-                                       s->kv_heads, s->dim, s->block_size, s->scale,           \
-                                       s->window))                                             \
-            return -1;                                                                         \
-        linear_##SUFFIX(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width);         \
-        rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);                               \
-        linear_##SUFFIX(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden);     \
-        silu_and_multiply(gu, act, rows, s->intermediate);                                     \
-        linear_##SUFFIX(act, down, hidden, NULL, hidden, rows, s->hidden, s->intermediate);    \
-        return 0;                                                                              \
-    }
-
-DECODE_LAYER(f32, float)
-DECODE_LAYER(bf16, uint16_t)
+/* -1 where a buffer could not be allocated. */
+int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, const float *qkv_bias,
+                 const float *qk_norm, const Weight *o_proj, const float *post_norm,
+                 const Weight *gate_up, const Weight *down, const Step *s) {
+    const long rows = s->rows, q_width = s->heads * s->dim, isa = s->isa;
+    const long qkv_width = q_width + 2 * s->kv_heads * s->dim;
+    float *projected = s->scratch, *queries = projected + rows * qkv_width;
+    float *attn = queries + rows * q_width, *x = attn + rows * q_width;
+    float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;
+    rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);
+    if (project(qkv, x, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa)) return -1;
+    rotate_and_cache(s, projected, qk_norm);
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i];
+    if (paged_decode_attention_f32(queries, s->k_cache, s->v_cache, s->block_tables, s->width,
+                                   s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
+                                   s->block_size, s->scale, s->window))
+        return -1;
+    if (project(o_proj, attn, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
+    rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
+    if (project(gate_up, x, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa)) return -1;
+    silu_and_multiply(gu, act, rows, s->intermediate);
+    return project(down, act, hidden, NULL, hidden, rows, s->hidden, s->intermediate, isa);
+}

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
 #define PANEL 16
 
 static inline void load_f32(const float *w, __m256 *lo, __m256 *hi) {
@@ -42,17 +44,8 @@ typedef struct {
  * the compiler keeping a memory copy of them updated through the whole inner loop. */
 static __attribute__((noinline)) void store_tile(const Product *p, long row, int rows, long first,
                                                  const float *out) {
-    long width = p->N - first < PANEL ? p->N - first : PANEL;
-    for (int j = 0; j < rows; j++, out += PANEL) {
-        float *dst = p->y + (row + j) * p->N + first;
-        const float *res = p->residual ? p->residual + (row + j) * p->N + first : NULL;
-        for (long i = 0; i < width; i++) {
-            float v = out[i];
-            if (p->bias) v += p->bias[first + i];
-            if (res) v += res[i];
-            dst[i] = v;
-        }
-    }
+    const long width = p->N - first < PANEL ? p->N - first : PANEL;
+    store_rows(p->y, p->bias, p->residual, p->N, row, rows, first, width, out);
 }
 
 /* How far ahead of the loads a tile that streams its panel from memory prefetches it, in steps

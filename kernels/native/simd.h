@@ -34,3 +34,29 @@ static inline __m256 exp_negative(__m256 x) {
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
 }
+
+/* A tile's rows of 16 outputs (`width` of them: fewer in a matrix's last panel) stored at
+ * y[row + j][first ...] (rows n apart), plus bias[first ...] and residual (laid out as y; may
+ * be y itself) where given. */
+static inline void store_rows(float *y, const float *bias, const float *residual, long n,
+                              long row, int rows, long first, long width, const float *out) {
+    for (int j = 0; j < rows; j++, out += 16) {
+        float *dst = y + (row + j) * n + first;
+        const float *res = residual ? residual + (row + j) * n + first : NULL;
+        if (width == 16) {
+            for (int h = 0; h < 16; h += 8) {
+                __m256 v = _mm256_loadu_ps(out + h);
+                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + first + h));
+                if (res) v = _mm256_add_ps(v, _mm256_loadu_ps(res + h));
+                _mm256_storeu_ps(dst + h, v);
+            }
+            continue;
+        }
+        for (long i = 0; i < width; i++) {
+            float v = out[i];
+            if (bias) v += bias[first + i];
+            if (res) v += res[i];
+            dst[i] = v;
+        }
+    }
+}

@@ -1,0 +1,70 @@
+"""`turnstile bench projections`: the embedded model's 120 layer matrices (30 layers of qkv, o,
+gate-up, down) multiplied by `rows` rows of activations on each native path this CPU has: dense
+bfloat16 panels (float32 arithmetic), and the GGUF file's own Q4_1 blocks on every ISA's tiles.
+Weights as the model holds them (random values; the time does not depend on them)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from turnstile.kernels import cpu_native
+from turnstile.kernels.quantized_weights import QuantizedWeight, pack
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+
+
+def _shapes() -> list[tuple[int, int]]:
+    info = read_model_info(embedded_model_path())
+    qkv = (info.num_heads + 2 * info.num_kv_heads) * info.head_dim
+    hidden, inner = info.hidden_size, info.intermediate_size
+    layer = [(qkv, hidden), (hidden, info.num_heads * info.head_dim), (2 * inner, hidden),
+             (hidden, inner)]  # fmt: skip
+    return layer * info.num_layers
+
+
+def _median_ms(run: Callable[[], None], repeats: int) -> float:
+    run()  # warm: caches built, pages touched
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
+    """Per row count, per path: ms for all 120 products (median of `repeats`)."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = _shapes()
+    dense = [cpu_native.pack_weight(torch.randn(o, i, generator=generator).bfloat16())
+             for o, i in shapes]  # fmt: skip
+    quantized = [
+        pack(QuantizedWeight(torch.randint(0, 16, (o, i), dtype=torch.uint8, generator=generator),
+                             torch.full((o, i // 32), 0.01).half(),
+                             torch.full((o, i // 32), -0.08).half(), 4))
+        for o, i in shapes
+    ]  # fmt: skip
+    isas = cpu_native.ISAS[: cpu_native.ISAS.index(cpu_native.best_isa()) + 1]
+
+    def products(xs: dict[int, torch.Tensor], isa: str | None) -> Callable[[], None]:
+        """All 120 products on `isa`'s quantized tiles, or (None) the bf16 panels."""
+
+        def run() -> None:
+            for dense_panels, weight, (o, i) in zip(dense, quantized, shapes, strict=True):
+                if isa is None:
+                    cpu_native.linear(xs[i], dense_panels, o)
+                else:
+                    cpu_native.linear_quantized(xs[i], weight.panels, o, 4, isa=isa)
+
+        return run
+
+    report: dict[int, dict[str, float]] = {}
+    for count in rows:
+        xs = {i: torch.randn(count, i, generator=generator) for _, i in shapes}
+        report[count] = {"bf16": _median_ms(products(xs, None), repeats)}
+        for isa in isas:
+            report[count][f"q4_1 {isa}"] = _median_ms(products(xs, isa), repeats)
+    return report

@@ -1,0 +1,63 @@
+"""`turnstile bench quality`: what a weight format costs in quality, against the float32 path of
+the same weights: greedy agreement on the parity prompts (prompts identical, tokens before the
+first divergence) and perplexity on a fixed text (`data/quality_text.txt`, shipped)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnstile.bench.parity_bench import greedy_requests, prompt_ids
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.offline import OfflineEngine
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.shared.settings import build
+from turnstile.shared.tokenizer import Tokenizer
+
+TEXT = Path(__file__).parent / "data" / "quality_text.txt"
+# Each path as `turnstile serve` flags: exact float32, bfloat16 weights, the GGUF blocks kept.
+PATHS = {
+    "float32": dict(dtype="float32", quantization="none"),
+    "bfloat16": dict(dtype="bfloat16", quantization="none"),
+    "gguf": dict(quantization="gguf"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    perplexity: float
+    identical: int  # prompts whose greedy tokens equal float32's
+    same_prefix: int  # tokens before each prompt's first divergence from float32, summed
+    tokens: int
+
+
+def perplexity(engine: OfflineEngine, text_ids: list[int]) -> float:
+    """exp of the mean negative logprob of each token of the text given those before it."""
+    request = AddRequest(req_id=0, prompt_ids=pack_ids(text_ids), max_tokens=1,
+                         sampling=SamplingParams(prompt_logprobs=0))  # fmt: skip
+    logprobs = engine.generate([request])[0].prompt_logprobs
+    assert len(logprobs) == len(text_ids) - 1
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def measure(new_tokens: int = 64, paths: tuple[str, ...] = tuple(PATHS)) -> dict[str, Quality]:
+    """Each path's quality on the embedded model; float32 is the reference."""
+    model = embedded_model_path()
+    text_ids = Tokenizer(model, read_model_info(model)).encode(TEXT.read_text())
+    prompts = prompt_ids()
+    report: dict[str, Quality] = {}
+    reference: list[list[int]] = []
+    for name in ("float32", *(p for p in paths if p != "float32")):
+        engine = OfflineEngine(build(RunnerConfig, num_blocks=512, **PATHS[name]))
+        tokens = [r.token_ids for r in engine.generate(greedy_requests(prompts, new_tokens))]
+        reference = reference or tokens
+        same = sum(
+            next((i for i, (a, b) in enumerate(zip(ours, ref, strict=True)) if a != b), new_tokens)
+            for ours, ref in zip(tokens, reference, strict=True)
+        )
+        identical = sum(ours == ref for ours, ref in zip(tokens, reference, strict=True))
+        report[name] = Quality(perplexity(engine, text_ids), identical, same,
+                               new_tokens * len(prompts))  # fmt: skip
+    return report

@@ -1,0 +1,90 @@
+/* y = x @ W.T (+ bias) (+ residual) with W in quantized panels (quantized.h): the activations
+ * quantized once a call, then tiles of rows against panels on the ISA the caller names. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "quantized.h"
+#include "simd.h"
+
+enum { ISA_AVX2 = 0, ISA_AVX512_VNNI = 1 };
+
+static inline float max_lanes(__m256 v) {
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+}
+
+/* Per block of 32: dx = max|x| / 127, codes round(x / dx) (to nearest even, as torch.round),
+ * and dx times their sum, which the weights' offsets multiply. */
+static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+#pragma omp parallel for if (M >= 16)
+    for (long s = 0; s < M * (K / QBLOCK); s++) {
+        const float *v = x + s * QBLOCK;
+        __m256 part[4], top = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            part[i] = _mm256_loadu_ps(v + 8 * i);
+            top = _mm256_max_ps(top, _mm256_andnot_ps(sign, part[i]));
+        }
+        const float d = max_lanes(top) / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            __m256 scaled = _mm256_mul_ps(part[i], _mm256_set1_ps(inverse));
+            q[i] = _mm256_cvtps_epi32(
+                _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        /* int32 to int8 in order: the packs interleave 128-bit lanes, the permute undoes it. */
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+        bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(xq + s * QBLOCK), bytes);
+        __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        total = _mm_hadd_epi32(total, total);
+        total = _mm_hadd_epi32(total, total);
+        dx[s] = d;
+        sx[s] = d * (float)_mm_cvtsi128_si32(total);
+    }
+}
+
+void qstore_tile(const QProduct *p, long row, int rows, long first, const float *out) {
+    const long width = p->N - first < QPANEL ? p->N - first : QPANEL;
+    store_rows(p->y, p->bias, p->residual, p->N, row, rows, first, width, out);
+}
+
+#define TILE_ROWS 6
+
+/* Returns -1 where the activations' codes cannot be allocated. */
+int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
+                     const float *residual, long M, long N, long K, int bits, int isa) {
+    const long blocks = K / QBLOCK;
+    int8_t *xq = malloc(M * K);
+    float *scales = malloc(sizeof(float) * 2 * M * blocks);
+    if (!xq || !scales) {
+        free(xq);
+        free(scales);
+        return -1;
+    }
+    quantize_rows(x, M, K, xq, scales, scales + M * blocks);
+    QProduct p = {xq, scales, scales + M * blocks, w, y, bias, residual, M, N, K, bits};
+    void (*product)(const QProduct *, long, int, long) =
+        isa == ISA_AVX512_VNNI ? qproduct_avx512 : qproduct_avx2;
+    const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;
+    const int rest = (int)(M - full);
+#pragma omp parallel
+    {
+        /* As gemm.c: with fewer rows than a tile, a contiguous share per thread streams. */
+        const long threads = omp_get_num_threads();
+        const long chunk = full ? 1 : (panels + threads - 1) / threads;
+#pragma omp for schedule(dynamic, chunk)
+        for (long q = 0; q < panels; q++) {
+            for (long row = 0; row < full; row += TILE_ROWS) product(&p, row, TILE_ROWS, q);
+            if (rest) product(&p, full, rest, q);
+        }
+    }
+    free(xq);
+    free(scales);
+    return 0;
+}

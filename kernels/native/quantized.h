@@ -1,0 +1,58 @@
+/* Projections on weights kept in their GGUF blocks of 32 (see kernels/quantized_weights.py):
+ * each weight is `d * code + m` with one scale d and offset m (fp16) per block of 32 inputs of
+ * an output feature, and codes of 4 or 8 bits. The activations are quantized per block of 32
+ * to int8 (`quantize_rows`, llama.cpp's way), so a block's dot product is one integer sum:
+ *   sum_k w_k x_k ~= d * dx * sum_k code_k xq_k + m * dx * sum_k xq_k.
+ * Weights are stored in panels of 16 output features; in a panel, each block is its codes in
+ * 8 groups of 4 inputs, a group's 16 features x 4 inputs in one 64-byte vector (4-bit codes:
+ * groups c and c + 4 share a vector, low and high nibbles), then the 16 d, then the 16 m. */
+#pragma once
+#include <stdint.h>
+
+#define QPANEL 16
+#define QBLOCK 32
+
+/* One block of a panel: codes, then d and m as fp16. */
+static inline long qblock_bytes(int bits) { return QPANEL * QBLOCK * bits / 8 + 2 * QPANEL * 2; }
+
+typedef struct {
+    const int8_t *xq;      /* [M][K] the activations' codes */
+    const float *dx;       /* [M][K / 32] their scales */
+    const float *sx;       /* [M][K / 32] dx * the sum of a block's codes */
+    const uint8_t *w;      /* the panels */
+    float *y;              /* [M][N] */
+    const float *bias;     /* [N] or NULL */
+    const float *residual; /* [M][N] or NULL; may be y itself */
+    long M, N, K;
+    int bits;
+} QProduct;
+
+void qstore_tile(const QProduct *p, long row, int rows, long first, const float *out);
+/* Rows [row, row + rows) (at most 6) against one panel. */
+void qproduct_avx2(const QProduct *p, long row, int rows, long panel);
+void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
+
+/* Each ISA's file defines QTILE(BITS, ROWS), a tile function tileBITS_ROWS(p, row, panel) over
+ * one panel, then expands QPRODUCTS(name): every tile, and `name`, which picks one by rows.
+ * Tiles over several panels for few rows (as gemm.c's) measured slower here: their codes and
+ * sums spill out of the registers. */
+#define QTILES(BITS)                                                                           \
+    QTILE(BITS, 1) QTILE(BITS, 2) QTILE(BITS, 3) QTILE(BITS, 4) QTILE(BITS, 5) QTILE(BITS, 6)  \
+    static void product##BITS(const QProduct *p, long row, int rows, long panel) {             \
+        switch (rows) {                                                                        \
+        case 6: tile##BITS##_6(p, row, panel); break;                                          \
+        case 5: tile##BITS##_5(p, row, panel); break;                                          \
+        case 4: tile##BITS##_4(p, row, panel); break;                                          \
+        case 3: tile##BITS##_3(p, row, panel); break;                                          \
+        case 2: tile##BITS##_2(p, row, panel); break;                                          \
+        case 1: tile##BITS##_1(p, row, panel); break;                                          \
+        }                                                                                      \
+    }
+
+#define QPRODUCTS(NAME)                                                                      \
+    QTILES(4)                                                                                \
+    QTILES(8)                                                                                \
+    void NAME(const QProduct *p, long row, int rows, long panel) {                           \
+        if (p->bits == 4) product4(p, row, rows, panel);                                     \
+        else product8(p, row, rows, panel);                                                  \
+    }

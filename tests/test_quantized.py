@@ -147,3 +147,16 @@ def test_settings_the_quantized_path_does_not_run_are_refused(flags: dict, refus
     backend = create_backend(config, read_model_info(embedded_model_path()))
     with pytest.raises(ValueError, match=refusal):
         backend.keeps_quantized()
+
+
+def test_rows_of_mixed_formats_stack_dense() -> None:
+    """A file that stores v in another format than q and k (Q4_K_M files do): the stacked qkv
+    is dense, the parts' exact values; one format stays quantized."""
+    from turnstile.executor_svc.model.llama import stack_rows
+
+    q, v = _weight(Q.Q4_1, 8, 64), _weight(Q.Q8_0, 4, 64)
+    dense = torch.randn(4, 64)
+    mixed = stack_rows([q, v], torch.float32)
+    assert torch.equal(mixed, torch.cat((q.dequantize(), v.dequantize())))
+    assert torch.equal(stack_rows([q, dense], torch.float32), torch.cat((q.dequantize(), dense)))
+    assert isinstance(stack_rows([q, q], torch.float32), QuantizedWeight)

@@ -40,11 +40,14 @@ def interleave_rotary_halves(weight: Weight, heads: int, head_dim: int) -> Weigh
     return weight[rows.flatten()]
 
 
-def stack_rows(parts: list[Weight]) -> Weight:
-    """Weights stacked by rows (q, k and v; gate and up), dense or quantized alike."""
-    if isinstance(parts[0], QuantizedWeight):
-        return QuantizedWeight.cat(parts)  # type: ignore[arg-type]
-    return torch.cat(parts)  # type: ignore[arg-type]
+def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
+    """Weights stacked by rows (q, k and v; gate and up): quantized where every part is, in one
+    code width; else dense in `dtype` (a file that stores v in another format than q and k)."""
+    quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
+    if len(quantized) == len(parts) and len({p.bits for p in quantized}) == 1:
+        return QuantizedWeight.cat(quantized)
+    dense = [p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts]
+    return torch.cat([p.to(dtype) for p in dense])  # type: ignore[union-attr]
 
 
 def _rotary_order(head_dim: int) -> torch.Tensor:
@@ -93,7 +96,7 @@ class LlamaModel:
             q, k, v = (weights[f"{attn}{p}_proj.{kind}"] for p in "qkv")
             q = interleave_rotary_halves(q, info.num_heads, head_dim)[heads(queries)]
             k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
-            stacked = stack_rows([q, k, v[heads(kv)]])
+            stacked = stack_rows([q, k, v[heads(kv)]], dtype)
             if isinstance(stacked, QuantizedWeight):
                 return stacked
             return stacked.to(device=device, dtype=dtype).contiguous()
@@ -140,7 +143,8 @@ class LlamaModel:
                             [
                                 take(mlp + "gate_proj.weight", rows=inner),
                                 take(mlp + "up_proj.weight", rows=inner),
-                            ]
+                            ],
+                            dtype,
                         ),
                         None,
                     ),

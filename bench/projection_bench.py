@@ -47,7 +47,6 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
                              torch.full((o, i // 32), -0.08).half(), 4))
         for o, i in shapes
     ]  # fmt: skip
-    isas = cpu_native.ISAS[: cpu_native.ISAS.index(cpu_native.best_isa()) + 1]
 
     def products(xs: dict[int, torch.Tensor], isa: str | None) -> Callable[[], None]:
         """All 120 products on `isa`'s quantized tiles, or (None) the bf16 panels."""
@@ -65,6 +64,6 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
     for count in rows:
         xs = {i: torch.randn(count, i, generator=generator) for _, i in shapes}
         report[count] = {"bf16": _median_ms(products(xs, None), repeats)}
-        for isa in isas:
+        for isa in cpu_native.usable_isas():
             report[count][f"q4_1 {isa}"] = _median_ms(products(xs, isa), repeats)
     return report

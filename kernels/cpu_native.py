@@ -178,7 +178,7 @@ def _product(
             *extra,
         )
     if failed:
-        raise MemoryError("the quantized product could not allocate the activations' codes")
+        raise MemoryError("a native product could not allocate its buffers")
     return out
 
 
@@ -196,10 +196,16 @@ def linear(
     return _product(kernel, x, packed, out_features, bias, residual)
 
 
+@functools.cache
 def best_isa() -> str:
     """The widest of `ISAS` this CPU runs."""
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
     return "avx512_vnni" if avx512 else "avx2"
+
+
+def usable_isas() -> tuple[str, ...]:
+    """Every ISA of `ISAS` this CPU runs: AVX2, and AVX-512 VNNI where it has it."""
+    return ISAS[: ISAS.index(best_isa()) + 1]
 
 
 def linear_quantized(

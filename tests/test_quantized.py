@@ -37,12 +37,6 @@ def test_gguf_blocks_unpack_to_the_files_values(kind: gguf.GGMLQuantizationType)
     assert torch.equal(from_gguf(data, kind).dequantize(), expected)
 
 
-def _isas() -> list[str]:
-    """Every ISA's tiles this CPU runs: AVX2 always, AVX-512 VNNI where it has it."""
-    return [isa for isa in cpu_native.ISAS if cpu_native.ISAS.index(isa) <=
-            cpu_native.ISAS.index(cpu_native.best_isa())]  # fmt: skip
-
-
 @needs_native
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_quantized_product_is_the_reference_on_every_isa(
@@ -57,7 +51,7 @@ def test_the_quantized_product_is_the_reference_on_every_isa(
         expected = reference_linear(x, weight) + bias + residual
         results = [
             cpu_native.linear_quantized(x, packed, 100, weight.bits, bias, residual, isa=isa)
-            for isa in _isas()
+            for isa in cpu_native.usable_isas()
         ]
         torch.testing.assert_close(results[0], expected, rtol=1e-5, atol=1e-5)
         for other in results[1:]:  # the same integer sums, the same float steps: the same bits

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank
+from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
@@ -114,6 +114,8 @@ class Backend(ABC):
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         """The model and cache every later step runs on."""
         self.model, self.kv_caches = model, kv_caches
+        if self.device.type == "cpu":
+            return_loading_memory()
 
     def route(self, layout: StepLayout) -> Route:
         return Route.LAYERS

@@ -24,6 +24,15 @@ def keep_freed_memory() -> None:
     libc.mallopt(_M_MMAP_THRESHOLD, 2**30)
 
 
+def return_loading_memory() -> None:
+    """Loading unpacks each tensor before packing it; with `keep_freed_memory` glibc would keep
+    those freed pages for good (twice a quantized model's size). Trim the heap once, loaded."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        return
+
+
 def pin_rank(rank: int, size: int) -> None:
     """Give tensor-parallel rank `rank` of `size` its own share of this process's cores (and
     torch as many threads), so ranks on one CPU do not fight over cores."""

@@ -1,6 +1,7 @@
 """Weights kept in their GGUF blocks: each weight is `d * code + m`, one fp16 scale d and offset
-m per block of 32 inputs of an output feature, codes of 4 bits (Q4_0, Q4_1) or 8 (Q8_0, stored
-as the int8 plus 128). The values are exactly the file's dequantized ones.
+m per group of inputs of an output feature: groups of 32 with codes of 4 bits (Q4_0, Q4_1,
+Q4_K) or 8 (Q8_0, stored as the int8 plus 128); Q6_K's groups of 16 with 6-bit codes and
+m = -32 d. `gguf_blocks.py` unpacks a file's blocks into this form.
 
 `QuantizedWeight` is the model's view while it loads (rows can be picked, reordered and stacked,
 as the model does with dense weights); `pack` lays it out as `kernels/native/quantized*.c` and
@@ -12,26 +13,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import gguf
-import numpy as np
 import torch
 
 BLOCK = 32  # inputs per block, as in quantized.h
 PANEL = 16  # output features per panel
 
 Q = gguf.GGMLQuantizationType
-BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}  # the GGUF block types kept as they are
+# The GGUF block types kept as they are, and their codes' width (6: Q6_K's layout).
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q6_K: 6}
 
 
 @dataclass(slots=True, frozen=True)
 class QuantizedWeight:
     codes: torch.Tensor  # uint8 [out, in], one code a byte until packed
-    scale: torch.Tensor  # float16 [out, in / 32]
-    offset: torch.Tensor  # float16 [out, in / 32]
+    scale: torch.Tensor  # float16 [out, in / group]
+    offset: torch.Tensor  # float16 [out, in / group]
     bits: int
 
     @property
     def shape(self) -> torch.Size:
         return self.codes.shape
+
+    @property
+    def group(self) -> int:
+        """Inputs a scale and an offset cover: 32, or 16 (Q6_K)."""
+        return self.codes.shape[1] // self.scale.shape[1]
 
     def __getitem__(self, rows: slice | torch.Tensor) -> QuantizedWeight:
         return QuantizedWeight(self.codes[rows], self.scale[rows], self.offset[rows], self.bits)
@@ -48,40 +54,19 @@ class QuantizedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         out, inputs = self.codes.shape
-        blocks = self.codes.view(out, inputs // BLOCK, BLOCK).float()
-        values = blocks * self.scale.float()[..., None] + self.offset.float()[..., None]
+        groups = self.codes.view(out, -1, self.group).float()
+        values = groups * self.scale.float()[..., None] + self.offset.float()[..., None]
         return values.view(out, inputs).to(dtype)
-
-
-def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWeight:
-    """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked."""
-    rows = data.shape[0]
-    block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1, block_bytes)
-    d = raw[..., :2].copy().view(np.float16)[..., 0]
-    if kind == Q.Q8_0:
-        codes = (raw[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        m = (d.astype(np.float32) * -128).astype(np.float16)
-    else:
-        nibbles = raw[..., 4:] if kind == Q.Q4_1 else raw[..., 2:]
-        codes = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1)  # llama.cpp's order
-        m = raw[..., 2:4].copy().view(np.float16)[..., 0] if kind == Q.Q4_1 else d * np.float16(-8)
-    if not (np.isfinite(m).all() and np.isfinite(d).all()):
-        raise ValueError(f"a {kind.name} block's scale overflows float16 once offset")
-    return QuantizedWeight(
-        torch.from_numpy(codes.reshape(rows, -1)),
-        torch.from_numpy(np.ascontiguousarray(d)),
-        torch.from_numpy(np.ascontiguousarray(m)),
-        BITS[kind],
-    )
 
 
 @dataclass(slots=True, frozen=True)
 class PackedWeight:
     """A `QuantizedWeight` in panels of 16 features (zero rows pad the last), each block of 32
     inputs as quantized.h lays it out: 8 groups of 16 features x 4 inputs (4-bit: groups c and
-    c + 4 in the low and high nibbles of one), then the 16 scales and the 16 offsets as fp16.
-    What the native product reads, and (an embedding) where rows are looked up: one copy."""
+    c + 4 in the low and high nibbles of one; 6-bit: so, then the 2 high bits of groups 4v to
+    4v + 3 in one byte), then two fp16 vectors of 16: the scales and the offsets (6-bit: the
+    scales of the block's first 16 inputs and of its last). What the native product reads, and
+    (an embedding) where rows are looked up: one copy."""
 
     panels: torch.Tensor  # uint8 [panels, blocks, block bytes]
     bits: int
@@ -89,18 +74,37 @@ class PackedWeight:
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` dequantized: an embedding's lookup."""
-        count, groups = len(ids), 4 if self.bits == 4 else 8
-        codes_end = PANEL * BLOCK * self.bits // 8
-        panels, lane, each = self.panels[ids // PANEL], ids % PANEL, torch.arange(count)
-        # Each row's lane of its panel: [rows, blocks, groups, 4] codes, [rows, blocks, 2] fp16.
-        codes = panels[..., :codes_end].view(count, -1, groups, PANEL, 4).permute(0, 3, 1, 2, 4)
-        codes = codes[each, lane]
-        if self.bits == 4:
-            codes = torch.cat((codes & 0x0F, codes >> 4), dim=2)
-        scales = panels[..., codes_end:].view(torch.float16).view(count, -1, 2, PANEL)
-        scale, offset = scales.permute(0, 3, 1, 2)[each, lane].float().unbind(-1)
-        values = codes.reshape(count, -1, BLOCK).float() * scale[..., None] + offset[..., None]
-        return values.view(count, -1).to(dtype)
+        return self.unpack(ids).dequantize(dtype)
+
+    def unpack(self, ids: torch.Tensor) -> QuantizedWeight:
+        """Rows `ids` back in their unpacked form."""
+        count, each = len(ids), torch.arange(len(ids))
+        panels, lane = self.panels[ids // PANEL], ids % PANEL
+
+        def lanes(
+            start: int, end: int
+        ) -> torch.Tensor:  # bytes of each block: [rows, blocks, n, 4]
+            part = panels[..., start:end].reshape(count, blocks, -1, PANEL, 4)
+            return part.permute(0, 3, 1, 2, 4)[each, lane]
+
+        blocks, nibbles = self.shape[1] // BLOCK, PANEL * BLOCK // 2
+        if self.bits == 8:
+            codes = lanes(0, 2 * nibbles)
+        else:
+            packed = lanes(0, nibbles)
+            codes = torch.cat((packed & 0x0F, packed >> 4), dim=2)
+        if self.bits == 6:
+            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+            high = (lanes(nibbles, nibbles * 3 // 2)[:, :, :, None] >> shifts) & 3
+            codes |= high.reshape(codes.shape) << 4
+        end = PANEL * BLOCK * self.bits // 8
+        pairs = panels[..., end:].view(torch.float16).view(count, blocks, 2, PANEL)
+        pairs = pairs.permute(0, 3, 1, 2)[each, lane]
+        scale, offset = pairs.reshape(count, -1), None  # 6-bit: both halves' scales, in order
+        if self.bits != 6:
+            scale, offset = pairs.unbind(-1)
+        offset = scale * -32 if offset is None else offset
+        return QuantizedWeight(codes.reshape(count, -1), scale, offset, self.bits)
 
 
 def pack(weight: QuantizedWeight) -> PackedWeight:
@@ -111,33 +115,43 @@ def pack(weight: QuantizedWeight) -> PackedWeight:
         return torch.cat((t, t.new_zeros(panels * PANEL - out, t.shape[1])))
 
     codes = padded(weight.codes).view(panels, PANEL, blocks, 8, 4).permute(0, 2, 3, 1, 4)
-    if weight.bits == 4:
-        codes = codes[:, :, :4] | (codes[:, :, 4:] << 4)
+    parts = [codes]
+    if weight.bits in (4, 6):
+        low = codes & 0x0F
+        parts = [low[:, :, :4] | (low[:, :, 4:] << 4)]
+    if weight.bits == 6:
+        high = (codes >> 4).reshape(panels, blocks, 2, 4, PANEL, 4)
+        parts.append(
+            high[:, :, :, 0] | high[:, :, :, 1] << 2 | high[:, :, :, 2] << 4 | high[:, :, :, 3] << 6
+        )
+    pair = (weight.scale, weight.offset)
+    if weight.bits == 6:
+        pair = (weight.scale[:, 0::2], weight.scale[:, 1::2])
     scales = [
         padded(t).view(panels, PANEL, blocks).transpose(1, 2).contiguous().view(torch.uint8)
-        for t in (weight.scale, weight.offset)
+        for t in pair
     ]
-    packed = torch.cat((codes.reshape(panels, blocks, -1), *scales), dim=-1).contiguous()
+    codes_bytes = [part.reshape(panels, blocks, -1) for part in parts]
+    packed = torch.cat((*codes_bytes, *scales), dim=-1).contiguous()
     return PackedWeight(packed, weight.bits, (out, inputs))
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """As quantized.c: per block of 32, dx = max|x| / 127, codes round(x / dx) (to nearest
-    even), and dx times their sum; ([rows, blocks, 32] codes as float, dx, sums)."""
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As quantized.c: per block of 32, dx = max|x| / 127 and the codes round(x / dx) (to
+    nearest even); ([rows, blocks, 32] codes as float, dx)."""
     blocks = x.float().view(x.shape[0], -1, BLOCK)
     dx = blocks.abs().amax(-1) / 127
     inverse = torch.where(dx > 0, 1 / dx, torch.zeros_like(dx))
-    codes = torch.round(blocks * inverse[..., None])
-    return codes, dx, dx * codes.sum(-1)
+    return torch.round(blocks * inverse[..., None]), dx
 
 
 def reference_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    """`x @ weight.T` as the native quantized product computes it, in torch: each block's
+    """`x @ weight.T` as the native quantized product computes it, in torch: each group's
     integer sum (exact in float32) times d * dx, plus m times dx * the codes' sum."""
-    codes, dx, sx = quantize_activations(x)
-    out, inputs = weight.codes.shape
-    sums = torch.einsum(
-        "mbk,nbk->mnb", codes, weight.codes.view(out, inputs // BLOCK, BLOCK).float()
-    )
+    codes, dx = quantize_activations(x)
+    group, out = weight.group, weight.codes.shape[0]
+    codes = codes.view(len(x), -1, group)
+    dx = dx.repeat_interleave(BLOCK // group, dim=1)
+    sums = torch.einsum("mgk,ngk->mng", codes, weight.codes.view(out, -1, group).float())
     scale, offset = weight.scale.float()[None], weight.offset.float()[None]
-    return (sums * scale * dx[:, None] + offset * sx[:, None]).sum(-1)
+    return (sums * scale * dx[:, None] + offset * (dx * codes.sum(-1))[:, None]).sum(-1)

@@ -5,25 +5,29 @@ loses under 1% perplexity against float32."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_models import LlamaShape, random_blocks, write_llama_gguf
 
 from turnstile.kernels import cpu_native
-from turnstile.kernels.quantized_weights import (
-    Q,
-    QuantizedWeight,
-    from_gguf,
-    pack,
-    reference_linear,
-)
+from turnstile.kernels.gguf_blocks import from_gguf
+from turnstile.kernels.quantized_weights import Q, QuantizedWeight, pack, reference_linear
 
-KINDS = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+KINDS = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+K_QUANTS = (Q.Q4_K, Q.Q6_K)  # gguf cannot quantize these: their blocks are drawn at random
 needs_native = pytest.mark.skipif(cpu_native.library() is None, reason="no native CPU kernels")
 
 
 def _weight(kind: gguf.GGMLQuantizationType, rows: int, inputs: int) -> QuantizedWeight:
+    if kind in K_QUANTS:
+        return from_gguf(random_blocks(kind, rows, inputs), kind)
     values = np.random.default_rng(rows).normal(0, 0.05, (rows, inputs)).astype(np.float32)
     values[:, :32] += 0.2  # a block whose offset (Q4_1's m) is far from zero
     return from_gguf(gguf.quants.quantize(values, kind), kind)
@@ -31,10 +35,22 @@ def _weight(kind: gguf.GGMLQuantizationType, rows: int, inputs: int) -> Quantize
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gguf_blocks_unpack_to_the_files_values(kind: gguf.GGMLQuantizationType) -> None:
-    values = np.random.default_rng(0).normal(0, 0.1, (7, 96)).astype(np.float32)
-    data = gguf.quants.quantize(values, kind)
+    """Exactly; the K-quants' sub-block scales (d * sc, float32 in the file's dequantization)
+    rounded to fp16: at most 2**-11 of each term."""
+    if kind in K_QUANTS:
+        data = random_blocks(kind, 7, 512)
+    else:
+        values = np.random.default_rng(0).normal(0, 0.1, (7, 96)).astype(np.float32)
+        data = gguf.quants.quantize(values, kind)
     expected = torch.from_numpy(gguf.quants.dequantize(data, kind).astype(np.float32))
-    assert torch.equal(from_gguf(data, kind).dequantize(), expected)
+    weight = from_gguf(data, kind)
+    terms = weight.codes.float().view(7, -1, weight.group) * weight.scale.float()[..., None]
+    bound = 2**-11 * (terms.abs() + weight.offset.float().abs()[..., None]).view(7, -1)
+    if kind in K_QUANTS:
+        assert ((weight.dequantize() - expected).abs() <= bound).all()
+    else:
+        assert torch.equal(weight.dequantize(), expected)
+    assert weight.group == (16 if kind == Q.Q6_K else 32)
 
 
 @needs_native
@@ -42,11 +58,11 @@ def test_gguf_blocks_unpack_to_the_files_values(kind: gguf.GGMLQuantizationType)
 def test_the_quantized_product_is_the_reference_on_every_isa(
     kind: gguf.GGMLQuantizationType,
 ) -> None:
-    weight = _weight(kind, 100, 576)  # 100 features: a last, partial panel
+    weight = _weight(kind, 100, 768)  # 100 features: a last, partial panel
     packed = pack(weight).panels
     bias, generator = torch.randn(100), torch.Generator().manual_seed(1)
     for rows in (1, 2, 3, 5, 6, 7, 13):  # every tile shape, full tiles and rests
-        x = torch.randn(rows, 576, generator=generator)
+        x = torch.randn(rows, 768, generator=generator)
         residual = torch.randn(rows, 100, generator=generator)
         expected = reference_linear(x, weight) + bias + residual
         results = [
@@ -74,7 +90,7 @@ def test_quantized_rows_are_picked_and_stacked_as_dense_rows(
     kind: gguf.GGMLQuantizationType,
 ) -> None:
     """The model reorders q and k rows and stacks q, k, v: the same on blocks as on values."""
-    a, b = _weight(kind, 8, 64), _weight(kind, 4, 64)
+    a, b = _weight(kind, 8, 256), _weight(kind, 4, 256)
     order = torch.tensor([3, 0, 7, 1])
     assert torch.equal(a[order].dequantize(), a.dequantize()[order])
     stacked = QuantizedWeight.cat([a, b]).dequantize()
@@ -82,7 +98,7 @@ def test_quantized_rows_are_picked_and_stacked_as_dense_rows(
     packed = pack(QuantizedWeight.cat([a, b]))  # an embedding's rows, from its panels
     assert torch.equal(packed.rows(torch.tensor([11, 2, 11, 5])), stacked[[11, 2, 11, 5]])
     with pytest.raises(ValueError, match="one code width"):
-        QuantizedWeight.cat([a, _weight(Q.Q8_0 if kind != Q.Q8_0 else Q.Q4_0, 4, 64)])
+        QuantizedWeight.cat([a, _weight(Q.Q8_0 if kind != Q.Q8_0 else Q.Q4_0, 4, 256)])
 
 
 @pytest.mark.slow
@@ -154,3 +170,52 @@ def test_rows_of_mixed_formats_stack_dense() -> None:
     assert torch.equal(mixed, torch.cat((q.dequantize(), v.dequantize())))
     assert torch.equal(stack_rows([q, dense], torch.float32), torch.cat((q.dequantize(), dense)))
     assert isinstance(stack_rows([q, q], torch.float32), QuantizedWeight)
+
+
+ONE_B = LlamaShape(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=49152)
+# Q4_K_M's mix, v in Q4_K: its q, k and v stack in one format (Q4_K_M's Q6_K v would stack dense).
+ONE_B_KINDS = dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"),
+                            Q.Q4_K) | dict(ffn_down=Q.Q6_K, token_embd=Q.Q6_K)  # fmt: skip
+_LOGPROBS = """
+import json, sys
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.offline import OfflineEngine
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
+from turnstile.shared.settings import build
+flags = json.loads(sys.argv[2])
+engine = OfflineEngine(build(RunnerConfig, model=sys.argv[1], num_blocks=8, **flags))
+request = AddRequest(req_id=0, prompt_ids=pack_ids(list(range(100, 132))), max_tokens=4,
+                     sampling=SamplingParams(prompt_logprobs=0))
+done = engine.generate([request])[0]
+print(json.dumps([done.prompt_logprobs, done.token_ids]))
+"""
+
+
+def _prompt_logprobs(model: Path, **flags: str) -> tuple[list[float], list[int]]:
+    """In a process of its own: a 1B float32 load peaks at ~13 GB, which this one would keep."""
+    argv = [sys.executable, "-c", _LOGPROBS, str(model), json.dumps(flags)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    logprobs, tokens = json.loads(done.stdout.splitlines()[-1])
+    return logprobs, tokens
+
+
+@pytest.mark.slow
+@needs_native
+def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#25: resident memory after load at most 1.2x the file plus the KV cache; the quantized
+    path's prompt logprobs within 0.05 nats on average (0.5 at most) of the float32 path's on
+    the same blocks dequantized, and its greedy tokens the same."""
+    from turnstile.bench.memory_bench import measure
+
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))  # the float32 copy: 4 GB
+    model = write_llama_gguf(tmp_path / "random-1b.gguf", ONE_B, ONE_B_KINDS)
+    assert 0.9e9 < ONE_B.parameters < 1.2e9
+    footprint = measure(model, "gguf")
+    assert footprint.ratio <= 1.2, footprint
+    quantized, tokens = _prompt_logprobs(model, quantization="gguf")
+    exact, exact_tokens = _prompt_logprobs(model, quantization="none", dtype="float32")
+    error = (torch.tensor(quantized) - torch.tensor(exact)).abs()
+    assert len(error) == 31 and error.mean() < 0.05 and error.max() < 0.5, error
+    assert tokens == exact_tokens

@@ -51,6 +51,20 @@ def quality(args: argparse.Namespace) -> None:
         )
 
 
+def memory(args: argparse.Namespace) -> None:
+    from turnstile.bench.memory_bench import measure
+    from turnstile.shared.model_info import embedded_model_path
+
+    model = Path(args.model) if args.model else embedded_model_path()
+    for quantization in args.quantization:
+        f = measure(model, quantization)
+        print(
+            f"{model.name} --quantization {quantization}: resident {f.resident_bytes / 2**20:.0f}"
+            f" MiB after load, KV cache {f.kv_bytes / 2**20:.0f} MiB, file "
+            f"{f.file_bytes / 2**20:.0f} MiB: {f.ratio:.2f}x the file, the KV cache aside"
+        )
+
+
 def projections(args: argparse.Namespace) -> None:
     from turnstile.bench.projection_bench import measure
     from turnstile.kernels import cpu_native
@@ -256,6 +270,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     command.add_argument("--repeats", type=int, default=7)
     command.set_defaults(handler=projections)
+    command = bench.add_parser("memory", help="resident memory after load against the file")
+    command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")
+    command.add_argument("--quantization", nargs="+", default=["gguf", "none"])
+    command.set_defaults(handler=memory)
     command = bench.add_parser(
         "quality", help="each weight format against float32: greedy agreement, perplexity"
     )

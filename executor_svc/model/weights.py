@@ -2,7 +2,7 @@
 
 A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
 later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
-Q4_0/Q4_1/Q8_0 matrices are kept in their blocks (`kernels/quantized_weights.py`).
+Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
-from turnstile.kernels.quantized_weights import BITS, QuantizedWeight, from_gguf
+from turnstile.kernels.gguf_blocks import from_gguf
+from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
 
 Weights = dict[str, "torch.Tensor | QuantizedWeight"]

@@ -16,9 +16,16 @@ static inline float max_lanes(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
 }
 
+static inline int sum_ints(__m256i v) {
+    __m128i total = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    total = _mm_hadd_epi32(total, total);
+    return _mm_cvtsi128_si32(_mm_hadd_epi32(total, total));
+}
+
 /* Per block of 32: dx = max|x| / 127, codes round(x / dx) (to nearest even, as torch.round),
- * and dx times their sum, which the weights' offsets multiply. */
-static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx) {
+ * and dx times their sum, and times each half's, which the weights' offsets multiply. */
+static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx,
+                          float *sh) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
 #pragma omp parallel for if (M >= 16)
     for (long s = 0; s < M * (K / QBLOCK); s++) {
@@ -29,23 +36,23 @@ static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx,
             top = _mm256_max_ps(top, _mm256_andnot_ps(sign, part[i]));
         }
         const float d = max_lanes(top) / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
-        __m256i q[4], sum = _mm256_setzero_si256();
+        __m256i q[4];
         for (int i = 0; i < 4; i++) {
             __m256 scaled = _mm256_mul_ps(part[i], _mm256_set1_ps(inverse));
             q[i] = _mm256_cvtps_epi32(
                 _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            sum = _mm256_add_epi32(sum, q[i]);
         }
         /* int32 to int8 in order: the packs interleave 128-bit lanes, the permute undoes it. */
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                            _mm256_packs_epi32(q[2], q[3]));
         bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(xq + s * QBLOCK), bytes);
-        __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        total = _mm_hadd_epi32(total, total);
-        total = _mm_hadd_epi32(total, total);
+        const int first = sum_ints(_mm256_add_epi32(q[0], q[1]));
+        const int second = sum_ints(_mm256_add_epi32(q[2], q[3]));
         dx[s] = d;
-        sx[s] = d * (float)_mm_cvtsi128_si32(total);
+        sx[s] = d * (float)(first + second);
+        sh[2 * s] = d * (float)first;
+        sh[2 * s + 1] = d * (float)second;
     }
 }
 
@@ -61,14 +68,15 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
                      const float *residual, long M, long N, long K, int bits, int isa) {
     const long blocks = K / QBLOCK;
     int8_t *xq = malloc(M * K);
-    float *scales = malloc(sizeof(float) * 2 * M * blocks);
+    float *scales = malloc(sizeof(float) * 4 * M * blocks); /* dx, sx, then sh (two a block) */
     if (!xq || !scales) {
         free(xq);
         free(scales);
         return -1;
     }
-    quantize_rows(x, M, K, xq, scales, scales + M * blocks);
-    QProduct p = {xq, scales, scales + M * blocks, w, y, bias, residual, M, N, K, bits};
+    float *sx = scales + M * blocks, *sh = sx + M * blocks;
+    quantize_rows(x, M, K, xq, scales, sx, sh);
+    QProduct p = {xq, scales, sx, sh, w, y, bias, residual, M, N, K, bits};
     void (*product)(const QProduct *, long, int, long) =
         isa == ISA_AVX512_VNNI ? qproduct_avx512 : qproduct_avx2;
     const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;

@@ -1,11 +1,14 @@
-/* Projections on weights kept in their GGUF blocks of 32 (see kernels/quantized_weights.py):
- * each weight is `d * code + m` with one scale d and offset m (fp16) per block of 32 inputs of
- * an output feature, and codes of 4 or 8 bits. The activations are quantized per block of 32
- * to int8 (`quantize_rows`, llama.cpp's way), so a block's dot product is one integer sum:
+/* Projections on weights kept in their GGUF blocks (see kernels/quantized_weights.py): each
+ * weight is `d * code + m` with one scale d and offset m (fp16) per block of 32 inputs of an
+ * output feature, and codes of 4 or 8 bits; or (6 bits, Q6_K) d per 16 inputs and m = -32 d.
+ * The activations are quantized per block of 32 to int8 (`quantize_rows`, llama.cpp's way), so
+ * a block's dot product is one integer sum (two for 6-bit codes, one a half):
  *   sum_k w_k x_k ~= d * dx * sum_k code_k xq_k + m * dx * sum_k xq_k.
  * Weights are stored in panels of 16 output features; in a panel, each block is its codes in
  * 8 groups of 4 inputs, a group's 16 features x 4 inputs in one 64-byte vector (4-bit codes:
- * groups c and c + 4 share a vector, low and high nibbles), then the 16 d, then the 16 m. */
+ * groups c and c + 4 share a vector, low and high nibbles; 6-bit: so, then two vectors whose
+ * bytes hold the 2 high bits of groups 4v to 4v + 3), then the 16 d, then the 16 m (6-bit:
+ * the 16 d of the block's first half, then of its second). */
 #pragma once
 #include <stdint.h>
 
@@ -19,6 +22,7 @@ typedef struct {
     const int8_t *xq;      /* [M][K] the activations' codes */
     const float *dx;       /* [M][K / 32] their scales */
     const float *sx;       /* [M][K / 32] dx * the sum of a block's codes */
+    const float *sh;       /* [M][K / 16] dx * the sum of each half block's codes */
     const uint8_t *w;      /* the panels */
     float *y;              /* [M][N] */
     const float *bias;     /* [N] or NULL */
@@ -51,8 +55,10 @@ void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
 
 #define QPRODUCTS(NAME)                                                                      \
     QTILES(4)                                                                                \
+    QTILES(6)                                                                                \
     QTILES(8)                                                                                \
     void NAME(const QProduct *p, long row, int rows, long panel) {                           \
         if (p->bits == 4) product4(p, row, rows, panel);                                     \
+        else if (p->bits == 6) product6(p, row, rows, panel);                                \
         else product8(p, row, rows, panel);                                                  \
     }

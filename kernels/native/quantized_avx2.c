@@ -24,9 +24,31 @@ static inline __m256i codes_4(const uint8_t *blk, int c, int half) {
     if (c >= 4) v = _mm256_srli_epi16(v, 4);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
+static inline __m256i codes_6(const uint8_t *blk, int c, int half) {
+    __m256i high = _mm256_loadu_si256((const __m256i *)(blk + 256 + 64 * (c >> 2) + 32 * half));
+    __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * (c & 3)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(codes_4(blk, c, half), _mm256_slli_epi16(two, 4));
+}
+#define dot4_6 dot4_4 /* 63 * 127 * 2 fits an int16 */
 static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
     return _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
 }
+
+/* Row j's sums into out (this half's 8 features): one sum a block, or (6-bit codes) one a
+ * half block, each with its scale; the same float steps as quantized_avx512.c's. */
+#define FINISH(BITS, j)                                                                       \
+    if (BITS == 6) {                                                                          \
+        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                    \
+        __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0][j]), _mm256_set1_ps(dxs),      \
+                                    _mm256_set1_ps(-32.0f * half[0]));                        \
+        __m256 hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1][j]), _mm256_set1_ps(dxs),      \
+                                    _mm256_set1_ps(-32.0f * half[1]));                        \
+        out[j][h] = _mm256_fmadd_ps(m, hi, _mm256_fmadd_ps(d, lo, out[j][h]));               \
+    } else {                                                                                  \
+        __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(p->dx[s]));                               \
+        __m256 o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0][j]), dd, out[j][h]);             \
+        out[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(p->sx[s]), o);                          \
+    }
 
 /* ROWS rows against one panel, a half (8 features) at a time, blocks in k order. */
 #define QTILE(BITS, ROWS)                                                                       \
@@ -45,17 +67,18 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
                 const __m128i *scales = (const __m128i *)(blk + codes + 16 * h);                \
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(scales));                            \
                 __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(scales + 2));                        \
-                __m256i acc[ROWS];                                                              \
-                for (int j = 0; j < ROWS; j++) acc[j] = _mm256_setzero_si256();                 \
-                for (int c = 0; c < 8; c++)                                                     \
+                __m256i acc[2][ROWS]; /* the second: 6-bit codes' second half */              \
+                for (int j = 0; j < ROWS; j++) acc[0][j] = acc[1][j] = _mm256_setzero_si256();  \
+                for (int c = 0; c < 8; c++) {                                                   \
+                    const int k = BITS == 6 && c >= 4;                                          \
                     for (int j = 0; j < ROWS; j++)                                              \
-                        acc[j] = _mm256_add_epi32(                                              \
-                            acc[j], dot4_##BITS(w[c], _mm256_set1_epi32(xq[j * p->K / 4 + c]))); \
+                        acc[k][j] = _mm256_add_epi32(                                           \
+                            acc[k][j],                                                          \
+                            dot4_##BITS(w[c], _mm256_set1_epi32(xq[j * p->K / 4 + c])));        \
+                }                                                                               \
                 for (int j = 0; j < ROWS; j++) {                                                \
                     const long s = (row + j) * blocks + b;                                      \
-                    __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(p->dx[s]));                     \
-                    __m256 o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]), dd, out[j][h]);      \
-                    out[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(p->sx[s]), o);                \
+                    FINISH(BITS, j)                                                             \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \

@@ -16,6 +16,30 @@
     }
 #define LOAD_CODES_8(blk, w) \
     for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(blk + 64 * c);
+#define LOAD_CODES_6(blk, w)                                                                  \
+    LOAD_CODES_4(blk, w)                                                                      \
+    for (int v = 0; v < 2; v++) {                                                             \
+        __m512i high = _mm512_loadu_si512(blk + 256 + 64 * v);                                \
+        for (int s = 0; s < 4; s++) {                                                         \
+            __m512i two = _mm512_and_si512(_mm512_srli_epi16(high, 2 * s), _mm512_set1_epi8(3)); \
+            w[4 * v + s] = _mm512_or_si512(w[4 * v + s], _mm512_slli_epi16(two, 4));          \
+        }                                                                                     \
+    }
+
+/* Row j's sums into out: one sum a block, or (6-bit codes) one a half, each with its scale. */
+#define FINISH(BITS, j)                                                                         \
+    if (BITS == 6) {                                                                            \
+        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                      \
+        __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][j]), _mm512_set1_ps(dxs),        \
+                                    _mm512_set1_ps(-32.0f * half[0]));                          \
+        __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[1][j]), _mm512_set1_ps(dxs),        \
+                                    _mm512_set1_ps(-32.0f * half[1]));                          \
+        out[j] = _mm512_fmadd_ps(m, hi, _mm512_fmadd_ps(d, lo, out[j]));                       \
+    } else {                                                                                    \
+        __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(p->dx[s]));                                 \
+        out[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][j]), dd, out[j]);                    \
+        out[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(p->sx[s]), out[j]);                          \
+    }
 
 /* ROWS rows against one panel, blocks in k order: a row's sums do not depend on its tile. */
 #define QTILE(BITS, ROWS)                                                                       \
@@ -32,18 +56,18 @@
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + codes)));     \
             __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + codes + 32))); \
             /* The rows' sums side by side: ROWS chains of vpdpbusd in flight, not one. */     \
-            __m512i acc[ROWS];                                                                  \
-            for (int j = 0; j < ROWS; j++) acc[j] = _mm512_setzero_si512();                     \
+            __m512i acc[2][ROWS]; /* the second: 6-bit codes' second half */                  \
+            for (int j = 0; j < ROWS; j++) acc[0][j] = acc[1][j] = _mm512_setzero_si512();      \
             const int32_t *xq = (const int32_t *)(p->xq + (row * blocks + b) * QBLOCK);         \
-            for (int c = 0; c < 8; c++)                                                         \
+            for (int c = 0; c < 8; c++) {                                                       \
+                const int h = BITS == 6 && c >= 4;                                              \
                 for (int j = 0; j < ROWS; j++)                                                  \
-                    acc[j] = _mm512_dpbusd_epi32(acc[j], w[c],                                  \
-                                                 _mm512_set1_epi32(xq[j * p->K / 4 + c]));      \
+                    acc[h][j] = _mm512_dpbusd_epi32(acc[h][j], w[c],                            \
+                                                    _mm512_set1_epi32(xq[j * p->K / 4 + c]));   \
+            }                                                                                   \
             for (int j = 0; j < ROWS; j++) {                                                    \
                 const long s = (row + j) * blocks + b;                                          \
-                __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(p->dx[s]));                         \
-                out[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j]), dd, out[j]);               \
-                out[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(p->sx[s]), out[j]);                  \
+                FINISH(BITS, j)                                                                 \
             }                                                                                   \
         }                                                                                       \
         float tile[ROWS][QPANEL];                                                               \

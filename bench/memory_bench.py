@@ -1,0 +1,55 @@
+"""`turnstile bench memory`: a model's resident memory once loaded, against its file and KV
+cache. Each load runs in a fresh process, its resident set read before and after, so what the
+interpreter and torch already held is not counted and nothing an earlier load freed is."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    file_bytes: int
+    resident_bytes: int  # the process's resident set after the load, less before
+    kv_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Resident memory less the KV cache, per byte of the file."""
+        return (self.resident_bytes - self.kv_bytes) / self.file_bytes
+
+
+def resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def measure(model: Path, quantization: str = "auto", num_blocks: int = 64) -> Footprint:
+    """The load of `model` as `turnstile serve --quantization ...` loads it, in a new process."""
+    code = "import sys; from turnstile.bench.memory_bench import _load; _load(*sys.argv[1:])"
+    argv = [sys.executable, "-c", code, str(model), quantization, str(num_blocks)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return Footprint(**json.loads(done.stdout.splitlines()[-1]))
+
+
+def _load(model: str, quantization: str, num_blocks: str) -> None:
+    from turnstile.executor_svc.model_runner import ModelRunner
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.shared.settings import build
+
+    config = build(RunnerConfig, model=model, quantization=quantization,
+                   num_blocks=int(num_blocks))  # fmt: skip
+    before = resident_bytes()
+    runner = ModelRunner(config)
+    gc.collect()
+    after = resident_bytes()
+    kv = sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)
+    print(json.dumps(dict(file_bytes=Path(model).stat().st_size, resident_bytes=after - before,
+                          kv_bytes=kv)))  # fmt: skip

@@ -52,9 +52,13 @@ class DecodeStep(ctypes.Structure):
 
 
 class NativeWeight(ctypes.Structure):
-    """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there."""
+    """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there;
+    quantized parts in different formats chained (`rows` features here, then `next`'s)."""
 
-    _fields_ = [("data", _PTR), ("bits", _LONG)]
+
+NativeWeight._fields_ = [
+    ("data", _PTR), ("bits", _LONG), ("rows", _LONG), ("next", ctypes.POINTER(NativeWeight))
+]  # fmt: skip
 
 
 _SIGNATURES = {
@@ -64,7 +68,8 @@ _SIGNATURES = {
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
-    "linear_quantized": [_PTR] * 5 + [_LONG] * 3 + [ctypes.c_int] * 2,
+    "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
+    "linear_weight": [_PTR] * 5 + [_LONG] * 4,
 }
 ISAS = ("avx2", "avx512_vnni")  # the quantized product's tiles, as quantized.c numbers them
 
@@ -122,7 +127,7 @@ def library() -> ctypes.CDLL | None:
     lib.decode_layer_scratch.restype = _LONG
     lib.decode_layer.restype = ctypes.c_int
     lib.linear_f32.restype = lib.linear_bf16.restype = None  # void: nothing to read back
-    lib.linear_quantized.restype = ctypes.c_int
+    lib.linear_quantized.restype = lib.linear_weight.restype = ctypes.c_int
     return lib
 
 
@@ -153,13 +158,14 @@ _BF16_PAIRS = torch.arange(PANEL).view(2, -1).t().reshape(-1)  # 0, 8, 1, 9, ...
 def _product(
     kernel: Callable[..., int | None],
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: int,
     out_features: int,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     *extra: int,
 ) -> torch.Tensor:
-    """Calls one of the `linear*` kernels (x, weight, y, bias, residual, M, N, K, *extra)."""
+    """Calls one of the `linear*` kernels (x, weight, y, bias, residual, M, N, K, *extra),
+    `weight` the address of its panels (or of its `NativeWeight`)."""
     x = x.contiguous()
     if residual is not None:
         residual = residual.contiguous()  # bound here: a temporary would be freed before the call
@@ -168,7 +174,7 @@ def _product(
     with torch.profiler.record_function(PROFILE_LABEL):
         failed = kernel(
             x.data_ptr(),
-            weight.data_ptr(),
+            weight,
             out.data_ptr(),
             None if bias is None else bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
@@ -193,7 +199,7 @@ def linear(
     lib = library()
     assert lib is not None
     kernel = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
-    return _product(kernel, x, packed, out_features, bias, residual)
+    return _product(kernel, x, packed.data_ptr(), out_features, bias, residual)
 
 
 @functools.cache
@@ -222,7 +228,24 @@ def linear_quantized(
     lib = library()
     assert lib is not None
     isa_index = ISAS.index(isa or best_isa())
-    return _product(lib.linear_quantized, x, packed, out_features, bias, residual, bits, isa_index)
+    return _product(lib.linear_quantized, x, packed.data_ptr(), out_features, bias, residual,
+                    out_features, bits, isa_index)  # fmt: skip
+
+
+def linear_weight(
+    x: torch.Tensor,
+    weight: NativeWeight,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T (+ bias) (+ residual)` on any packed weight, its parts chained, on the best
+    ISA: the product the fused decode layers run."""
+    lib = library()
+    assert lib is not None
+    isa_index = ISAS.index(best_isa())
+    address = ctypes.addressof(weight)
+    return _product(lib.linear_weight, x, address, out_features, bias, residual, isa_index)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,38 @@ class QuantizedWeight:
 
 
 @dataclass(slots=True, frozen=True)
+class StackedWeight:
+    """Quantized weights stacked by rows in different formats (Q4_K_M files keep q and k in
+    Q4_K, v in Q6_K): each part packed apart, the product one call over all of them."""
+
+    parts: tuple[QuantizedWeight, ...]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([part.dequantize(dtype) for part in self.parts])
+
+
+def stack(parts: list[QuantizedWeight]) -> QuantizedWeight | StackedWeight | None:
+    """Stacked by rows: one weight where the formats agree, else runs of one format, each but
+    the last a whole number of panels; None where a run is not."""
+    runs: list[list[QuantizedWeight]] = []
+    for part in parts:
+        if runs and (runs[-1][0].bits, runs[-1][0].group) == (part.bits, part.group):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    merged = [QuantizedWeight.cat(run) for run in runs]
+    if len(merged) == 1:
+        return merged[0]
+    if any(part.shape[0] % PANEL for part in merged[:-1]):
+        return None
+    return StackedWeight(tuple(merged))
+
+
+@dataclass(slots=True, frozen=True)
 class PackedWeight:
     """A `QuantizedWeight` in panels of 16 features (zero rows pad the last), each block of 32
     inputs as quantized.h lays it out: 8 groups of 16 features x 4 inputs (4-bit: groups c and

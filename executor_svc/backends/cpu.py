@@ -20,7 +20,12 @@ from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, reference
-from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, pack
+from turnstile.kernels.quantized_weights import (
+    PackedWeight,
+    QuantizedWeight,
+    StackedWeight,
+    pack,
+)
 from turnstile.shared.model_info import ModelInfo
 
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
@@ -77,10 +82,12 @@ class CpuNativeBackend(Backend):
         return auto and gguf and engine.tensor_parallel_size == 1
 
     def projection(self, weight: Weight, bias: torch.Tensor | None) -> NativeProjection:
+        if isinstance(weight, StackedWeight):
+            return QuantizedProjection([pack(part) for part in weight.parts], bias)
         if isinstance(weight, QuantizedWeight):
             weight = pack(weight)
         if isinstance(weight, PackedWeight):
-            return QuantizedProjection(weight, bias)
+            return QuantizedProjection([weight], bias)
         return PackedProjection(weight, bias)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:

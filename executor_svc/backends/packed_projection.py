@@ -4,6 +4,9 @@ or GGUF blocks kept quantized in panels (`kernels/native/quantized*.c`)."""
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+
 import torch
 
 from turnstile.kernels import cpu_native
@@ -28,27 +31,32 @@ class PackedProjection:
     def native_weight(self) -> cpu_native.NativeWeight:
         """The panels as the fused decode layers take them."""
         bits = 8 * self.packed.element_size()
-        return cpu_native.NativeWeight(self.packed.data_ptr(), bits)
+        return cpu_native.NativeWeight(self.packed.data_ptr(), bits, self.out_features)
 
 
 class QuantizedProjection:
-    """A projection on a weight's GGUF blocks, the activations quantized to int8 per block."""
+    """A projection on a weight's GGUF blocks, the activations quantized to int8 per block;
+    parts stacked by rows in different formats multiplied in one call."""
 
-    __slots__ = ("bias", "out_features", "weight")
+    __slots__ = ("_chain", "bias", "out_features", "parts")
 
-    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None) -> None:
-        self.out_features = weight.shape[0]
-        self.weight = weight  # shared with the embedding where the head is tied
+    def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None) -> None:
+        self.out_features = sum(part.shape[0] for part in parts)
+        self.parts = parts  # a tied head's: shared with the embedding
         self.bias = None if bias is None else bias.float()
+        # decode_layer.c's chained `Weight`s, kept alive with the panels they point at.
+        self._chain = [
+            cpu_native.NativeWeight(part.panels.data_ptr(), part.bits, part.shape[0])
+            for part in parts
+        ]
+        for part, below in itertools.pairwise(self._chain):
+            part.next = ctypes.pointer(below)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        w = self.weight
-        return cpu_native.linear_quantized(
-            x, w.panels, self.out_features, w.bits, self.bias, residual
-        )
+        return cpu_native.linear_weight(x, self._chain[0], self.out_features, self.bias, residual)
 
     def native_weight(self) -> cpu_native.NativeWeight:
-        return cpu_native.NativeWeight(self.weight.panels.data_ptr(), self.weight.bits)
+        return self._chain[0]
 
 
 NativeProjection = PackedProjection | QuantizedProjection

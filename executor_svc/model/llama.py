@@ -21,13 +21,19 @@ from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
 from turnstile.executor_svc.model.rope import rope_rotations
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
-from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, pack
+from turnstile.kernels.quantized_weights import (
+    PackedWeight,
+    QuantizedWeight,
+    StackedWeight,
+    pack,
+    stack,
+)
 from turnstile.shared.model_info import ModelInfo
 
 ALL = slice(None)
 
 
-Weight = torch.Tensor | QuantizedWeight | PackedWeight
+Weight = torch.Tensor | QuantizedWeight | StackedWeight | PackedWeight
 
 
 def interleave_rotary_halves(weight: Weight, heads: int, head_dim: int) -> Weight:
@@ -41,11 +47,12 @@ def interleave_rotary_halves(weight: Weight, heads: int, head_dim: int) -> Weigh
 
 
 def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
-    """Weights stacked by rows (q, k and v; gate and up): quantized where every part is, in one
-    code width; else dense in `dtype` (a file that stores v in another format than q and k)."""
+    """Weights stacked by rows (q, k and v; gate and up): quantized where every part is (see
+    `stack`); else dense in `dtype`."""
     quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
-    if len(quantized) == len(parts) and len({p.bits for p in quantized}) == 1:
-        return QuantizedWeight.cat(quantized)
+    stacked = stack(quantized) if len(quantized) == len(parts) else None
+    if stacked is not None:
+        return stacked
     dense = [p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts]
     return torch.cat([p.to(dtype) for p in dense])  # type: ignore[union-attr]
 
@@ -97,7 +104,7 @@ class LlamaModel:
             q = interleave_rotary_halves(q, info.num_heads, head_dim)[heads(queries)]
             k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
             stacked = stack_rows([q, k, v[heads(kv)]], dtype)
-            if isinstance(stacked, QuantizedWeight):
+            if isinstance(stacked, QuantizedWeight | StackedWeight):
                 return stacked
             return stacked.to(device=device, dtype=dtype).contiguous()
 

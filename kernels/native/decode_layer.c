@@ -13,17 +13,20 @@ void linear_f32(const float *x, const float *w, float *y, const float *bias,
 void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  const float *residual, long M, long N, long K);
 int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
-                     const float *residual, long M, long N, long K, int bits, int isa);
+                     const float *residual, long M, long N, long K, long ldy, int bits, int isa);
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
                                long block_size, float scale, long window);
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
- * (bfloat16 panels), 8 or 4 (quantized panels, quantized.h). */
-typedef struct {
+ * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h). Quantized parts stored in
+ * different formats (a file's q and k in Q4_K, v in Q6_K) are chained: `rows` features here
+ * (a whole number of panels), then `next`'s. */
+typedef struct Weight {
     const void *data;
-    long bits;
+    long bits, rows;
+    const struct Weight *next;
 } Weight;
 
 typedef struct {
@@ -40,12 +43,20 @@ typedef struct {
     long isa;                 /* the quantized products' tiles (quantized.c) */
 } Step;
 
-/* -1 where a quantized product could not allocate. */
-static int project(const Weight *w, const float *x, float *y, const float *bias,
-                   const float *residual, long M, long N, long K, long isa) {
+/* y = x @ W.T (+ bias) (+ residual) on any packed weight; -1 where a quantized product could
+ * not allocate. */
+int linear_weight(const float *x, const Weight *w, float *y, const float *bias,
+                  const float *residual, long M, long N, long K, long isa) {
     if (w->bits == 32) linear_f32(x, w->data, y, bias, residual, M, N, K);
     else if (w->bits == 16) linear_bf16(x, w->data, y, bias, residual, M, N, K);
-    else return linear_quantized(x, w->data, y, bias, residual, M, N, K, (int)w->bits, (int)isa);
+    else
+        for (long first = 0; w; first += w->rows, w = w->next) {
+            const long n = w->next ? w->rows : N - first;
+            if (linear_quantized(x, w->data, y + first, bias ? bias + first : NULL,
+                                 residual ? residual + first : NULL, M, n, K, N, (int)w->bits,
+                                 (int)isa))
+                return -1;
+        }
     return 0;
 }
 
@@ -121,7 +132,8 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     float *attn = queries + rows * q_width, *x = attn + rows * q_width;
     float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;
     rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);
-    if (project(qkv, x, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa)) return -1;
+    if (linear_weight(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
+        return -1;
     rotate_and_cache(s, projected, qk_norm);
     for (long r = 0; r < rows; r++)
         for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i];
@@ -129,9 +141,10 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
                                    s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
                                    s->block_size, s->scale, s->window))
         return -1;
-    if (project(o_proj, attn, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
+    if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
-    if (project(gate_up, x, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa)) return -1;
+    if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa))
+        return -1;
     silu_and_multiply(gu, act, rows, s->intermediate);
-    return project(down, act, hidden, NULL, hidden, rows, s->hidden, s->intermediate, isa);
+    return linear_weight(act, down, hidden, NULL, hidden, rows, s->hidden, s->intermediate, isa);
 }

@@ -58,14 +58,15 @@ static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx,
 
 void qstore_tile(const QProduct *p, long row, int rows, long first, const float *out) {
     const long width = p->N - first < QPANEL ? p->N - first : QPANEL;
-    store_rows(p->y, p->bias, p->residual, p->N, row, rows, first, width, out);
+    store_rows(p->y, p->bias, p->residual, p->ldy, row, rows, first, width, out);
 }
 
 #define TILE_ROWS 6
 
-/* Returns -1 where the activations' codes cannot be allocated. */
+/* Rows of y (and of the residual) `ldy` apart: a part of a stacked weight fills its columns.
+ * Returns -1 where the activations' codes cannot be allocated. */
 int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
-                     const float *residual, long M, long N, long K, int bits, int isa) {
+                     const float *residual, long M, long N, long K, long ldy, int bits, int isa) {
     const long blocks = K / QBLOCK;
     int8_t *xq = malloc(M * K);
     float *scales = malloc(sizeof(float) * 4 * M * blocks); /* dx, sx, then sh (two a block) */
@@ -76,7 +77,7 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
     }
     float *sx = scales + M * blocks, *sh = sx + M * blocks;
     quantize_rows(x, M, K, xq, scales, sx, sh);
-    QProduct p = {xq, scales, sx, sh, w, y, bias, residual, M, N, K, bits};
+    QProduct p = {xq, scales, sx, sh, w, y, bias, residual, M, N, K, ldy, bits};
     void (*product)(const QProduct *, long, int, long) =
         isa == ISA_AVX512_VNNI ? qproduct_avx512 : qproduct_avx2;
     const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;

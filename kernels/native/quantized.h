@@ -28,6 +28,7 @@ typedef struct {
     const float *bias;     /* [N] or NULL */
     const float *residual; /* [M][N] or NULL; may be y itself */
     long M, N, K;
+    long ldy;              /* y's and the residual's row stride: N, or more for a part's columns */
     int bits;
 } QProduct;
 

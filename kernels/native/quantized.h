@@ -37,6 +37,24 @@ void qstore_tile(const QProduct *p, long row, int rows, long first, const float 
 void qproduct_avx2(const QProduct *p, long row, int rows, long panel);
 void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
 
+/* A row's block sums into OUT, in vectors of V bits (256 or 512) of output features: `d`, `m`
+ * (the block's scales), `p` and `s` (the row's block) in scope; LO and HI the integer sums, HI
+ * of the second half block (6-bit codes: one sum a half, each with its scale). One macro for
+ * every ISA: the same float steps, so the same bits. */
+#define QFINISH(V, BITS, LO, HI, OUT)                                                         \
+    if (BITS == 6) {                                                                          \
+        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                    \
+        __m##V lo = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(LO), _mm##V##_set1_ps(dxs),        \
+                                      _mm##V##_set1_ps(-32.0f * half[0]));                    \
+        __m##V hi = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(HI), _mm##V##_set1_ps(dxs),        \
+                                      _mm##V##_set1_ps(-32.0f * half[1]));                    \
+        OUT = _mm##V##_fmadd_ps(m, hi, _mm##V##_fmadd_ps(d, lo, OUT));                        \
+    } else {                                                                                  \
+        __m##V dd = _mm##V##_mul_ps(d, _mm##V##_set1_ps(p->dx[s]));                           \
+        OUT = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(LO), dd, OUT);                           \
+        OUT = _mm##V##_fmadd_ps(m, _mm##V##_set1_ps(p->sx[s]), OUT);                          \
+    }
+
 /* Each ISA's file defines QTILE(BITS, ROWS), a tile function tileBITS_ROWS(p, row, panel) over
  * one panel, then expands QPRODUCTS(name): every tile, and `name`, which picks one by rows.
  * Tiles over several panels for few rows (as gemm.c's) measured slower here: their codes and

@@ -34,22 +34,6 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
     return _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
 }
 
-/* Row j's sums into out (this half's 8 features): one sum a block, or (6-bit codes) one a
- * half block, each with its scale; the same float steps as quantized_avx512.c's. */
-#define FINISH(BITS, j)                                                                       \
-    if (BITS == 6) {                                                                          \
-        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                    \
-        __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0][j]), _mm256_set1_ps(dxs),      \
-                                    _mm256_set1_ps(-32.0f * half[0]));                        \
-        __m256 hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1][j]), _mm256_set1_ps(dxs),      \
-                                    _mm256_set1_ps(-32.0f * half[1]));                        \
-        out[j][h] = _mm256_fmadd_ps(m, hi, _mm256_fmadd_ps(d, lo, out[j][h]));               \
-    } else {                                                                                  \
-        __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(p->dx[s]));                               \
-        __m256 o = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0][j]), dd, out[j][h]);             \
-        out[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(p->sx[s]), o);                          \
-    }
-
 /* ROWS rows against one panel, a half (8 features) at a time, blocks in k order. */
 #define QTILE(BITS, ROWS)                                                                       \
     static void tile##BITS##_##ROWS(const QProduct *p, long row, long panel) {                  \
@@ -78,7 +62,7 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
                 }                                                                               \
                 for (int j = 0; j < ROWS; j++) {                                                \
                     const long s = (row + j) * blocks + b;                                      \
-                    FINISH(BITS, j)                                                             \
+                    QFINISH(256, BITS, acc[0][j], acc[1][j], out[j][h])                         \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \

@@ -26,21 +26,6 @@
         }                                                                                     \
     }
 
-/* Row j's sums into out: one sum a block, or (6-bit codes) one a half, each with its scale. */
-#define FINISH(BITS, j)                                                                         \
-    if (BITS == 6) {                                                                            \
-        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                      \
-        __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][j]), _mm512_set1_ps(dxs),        \
-                                    _mm512_set1_ps(-32.0f * half[0]));                          \
-        __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[1][j]), _mm512_set1_ps(dxs),        \
-                                    _mm512_set1_ps(-32.0f * half[1]));                          \
-        out[j] = _mm512_fmadd_ps(m, hi, _mm512_fmadd_ps(d, lo, out[j]));                       \
-    } else {                                                                                    \
-        __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(p->dx[s]));                                 \
-        out[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][j]), dd, out[j]);                    \
-        out[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(p->sx[s]), out[j]);                          \
-    }
-
 /* ROWS rows against one panel, blocks in k order: a row's sums do not depend on its tile. */
 #define QTILE(BITS, ROWS)                                                                       \
     static void tile##BITS##_##ROWS(const QProduct *p, long row, long panel) {                  \
@@ -67,7 +52,7 @@
             }                                                                                   \
             for (int j = 0; j < ROWS; j++) {                                                    \
                 const long s = (row + j) * blocks + b;                                          \
-                FINISH(BITS, j)                                                                 \
+                QFINISH(512, BITS, acc[0][j], acc[1][j], out[j])                                \
             }                                                                                   \
         }                                                                                       \
         float tile[ROWS][QPANEL];                                                               \

@@ -15,16 +15,17 @@ FOR_TWO_RANKS = dict(
 )  # fmt: skip
 
 
-def write(folder: Path, **shape: object) -> Path:
-    """A random Llama of `shape` (transformers' LlamaConfig fields; FOR_TWO_RANKS by default)
-    in `folder`, with a tokenizer whose words are w0, w1, ..."""
+def write(folder: Path, family: str = "Llama", **shape: object) -> Path:
+    """A random model of `family` (as transformers names its classes: Llama, Mixtral...) and
+    `shape` (its config's fields; FOR_TWO_RANKS by default) in `folder`, with a tokenizer whose
+    words are w0, w1, ..."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**(shape or FOR_TWO_RANKS))
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    config = getattr(transformers, f"{family}Config")(**(shape or FOR_TWO_RANKS))
+    getattr(transformers, f"{family}ForCausalLM")(config).save_pretrained(folder)
     words = {f"w{i}": i for i in range(config.vocab_size)}
     (folder / "tokenizer.json").write_text(json.dumps({
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],

@@ -1,8 +1,8 @@
 """Tensor parallelism over torch.distributed (gloo on the CPU, NCCL on CUDA), as vLLM and SGLang
-split a Llama: query and KV heads, and the MLP's intermediate dims, divided among the ranks
-(column-parallel qkv and gate-up, row-parallel o and down, whose partial sums one all-reduce
-adds up), the embedding and lm_head divided by vocabulary. Where the ranks outnumber the KV
-heads, each KV head is kept by several ranks (vLLM's replication).
+split a Llama: query and KV heads, and the MLP's (each expert's) intermediate dims, divided among
+the ranks (column-parallel qkv and gate-up, row-parallel o and down, whose partial sums one
+all-reduce adds up), the embedding and lm_head divided by vocabulary. Where the ranks outnumber
+the KV heads, each KV head is kept by several ranks (vLLM's replication).
 
 Every rank samples the same tokens from the same full logits, with the same seeds (each row's
 noise comes from its key; the keys of unseeded rows from a generator every rank seeds alike),
@@ -90,11 +90,13 @@ class TensorParallel:
             raise ShardingError(
                 f"--tensor-parallel-size {size} and the {kv} KV heads: one must divide the other"
             )
-        if info.intermediate_size % size:
-            raise ShardingError(
-                f"--tensor-parallel-size {size} does not divide the MLP's "
-                f"{info.intermediate_size} intermediate dims"
-            )
+        for width, what in ((info.intermediate_size, "MLP's"),
+                            (info.expert_intermediate_size, "experts'")):  # fmt: skip
+            if width % size:
+                raise ShardingError(
+                    f"--tensor-parallel-size {size} does not divide the {what} "
+                    f"{width} intermediate dims"
+                )
 
 
 def broke_group(error: BaseException) -> bool:

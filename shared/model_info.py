@@ -110,6 +110,12 @@ class ModelInfo:
     embed_scale: float = 1.0
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
+    # Mixture of experts (`model_support.mixture_of_experts`); 0 experts: a dense MLP.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    normalize_expert_weights: bool = False
+    expert_layers: tuple[int, ...] = ()  # the layers whose MLP is the experts
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0

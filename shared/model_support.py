@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
+FAMILIES = ("gemma3_text", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
-QK_NORM_FAMILIES = ("gemma3_text", "qwen3")
+QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
+QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # sliding windows from `max_window_layers`
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's are "llama"); the other families'
 # GGUF layouts are not read until a test writes one and checks it against transformers.
@@ -66,6 +67,30 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "embed_scale": config["hidden_size"] ** 0.5 if gemma else 1.0,
         "local_rope_theta": float(local["rope_theta"]) if local else 0.0,
         "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
+        **mixture_of_experts(config),
+    }
+
+
+def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
+    """Mixtral's experts on every layer; Qwen3-MoE's on each `decoder_sparse_step`-th layer
+    not in `mlp_only_layers`. Mixtral always scales the top-k weights to sum to 1, Qwen3-MoE
+    where `norm_topk_prob`."""
+    family = config["model_type"]
+    if family not in ("mixtral", "qwen3_moe"):
+        return {}
+    count = config["num_hidden_layers"]
+    if family == "mixtral":
+        layers: tuple[int, ...] = tuple(range(count))
+    else:
+        step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or ()
+        layers = tuple(i for i in range(count) if i not in dense and (i + 1) % step == 0)
+    return {
+        "num_experts": config.get("num_local_experts") or config["num_experts"],
+        "experts_per_token": config["num_experts_per_tok"],
+        "expert_intermediate_size": config.get("moe_intermediate_size")
+        or config["intermediate_size"],
+        "normalize_expert_weights": family == "mixtral" or bool(config.get("norm_topk_prob")),
+        "expert_layers": layers,
     }
 
 
@@ -76,12 +101,12 @@ def layer_windows(config: dict[str, Any]) -> tuple[int, ...]:
     Qwen's on the layers from `max_window_layers` on when `use_sliding_window`."""
     window = config.get("sliding_window")
     family, count = config.get("model_type"), config["num_hidden_layers"]
-    if not window or (family in ("qwen2", "qwen3") and not config.get("use_sliding_window")):
+    if not window or (family in QWEN_FAMILIES and not config.get("use_sliding_window")):
         return ()
     if window >= config.get("max_position_embeddings", 4096):
         return ()  # wider than the context: never binds
     kinds = config.get("layer_types")
-    if kinds is None and family in ("qwen2", "qwen3"):
+    if kinds is None and family in QWEN_FAMILIES:
         first = config.get("max_window_layers", count)
         kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(count)]
     windows = tuple(

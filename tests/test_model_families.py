@@ -84,6 +84,17 @@ def _checkpoint(family: str) -> Any:
         )  # fmt: skip
         model = transformers.Gemma3ForCausalLM(config)
         _randomize(p for n, p in model.named_parameters() if n.endswith("norm.weight"))
+    elif family == "mixtral":  # 4 experts, 2 a token; every layer slides over 40 tokens
+        config = transformers.MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2,
+                                            sliding_window=40)  # fmt: skip
+        model = transformers.MixtralForCausalLM(config)
+    elif family == "qwen3_moe":  # experts of their own width on layer 0, a dense MLP on layer 1
+        config = transformers.Qwen3MoeConfig(**SHAPE, num_experts=8, num_experts_per_tok=3,
+                                             moe_intermediate_size=64, mlp_only_layers=[1],
+                                             norm_topk_prob=False)  # fmt: skip
+        model = transformers.Qwen3MoeForCausalLM(config)
+        routers = ("gate.weight", "q_norm.weight", "k_norm.weight")  # a zero router ties
+        _randomize(p for n, p in model.named_parameters() if n.endswith(routers))
     else:  # Llama with each RoPE scaling
         config = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=SCALINGS[family])
         model = transformers.LlamaForCausalLM(config)
@@ -112,8 +123,10 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 # cpu: its fused native layers take most steps; torch: the model's layers take every step.
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize(
-    "family", ["qwen2", "qwen3", "mistral", "phi3", "gemma3", "llama3", "linear", "yarn"]
-)
+    "family",
+    ["qwen2", "qwen3", "mistral", "phi3", "gemma3", "mixtral", "qwen3_moe", "llama3", "linear",
+     "yarn"],
+)  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path
 ) -> None:

@@ -32,12 +32,12 @@ TIGHT = ("--dtype", "float32", "--num-blocks", "16", "--block-size", "8",
          "--max-num-batched-tokens", "32", "--max-num-seqs", "4")  # fmt: skip
 
 
-def tiny_llama(folder: Path) -> Path:
+def tiny_llama(folder: Path, family: str = "Llama", **features: object) -> Path:
     """4 query heads, 2 KV heads, random weights, written by transformers."""
     return random_llama.write(
-        folder, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, initializer_range=0.2,
+        folder, family, vocab_size=512, hidden_size=128, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2, **features,
     )  # fmt: skip
 
 
@@ -59,11 +59,15 @@ def answers(server: Server, model: str) -> list[list[str]]:
     return asyncio.run(all_at_once())
 
 
-@pytest.mark.parametrize("ranks", [2])
-def test_ranks_give_the_single_executors_tokens_on_a_tiny_llama(ranks: int, tmp_path: Path) -> None:
-    folder = tiny_llama(tmp_path)
+# Mixtral: each expert's intermediate dims split, as a dense MLP's.
+@pytest.mark.parametrize("family", ["Llama", "Mixtral"])
+def test_two_ranks_give_the_single_executors_tokens_on_a_tiny_model(
+    family: str, tmp_path: Path
+) -> None:
+    experts = dict(num_local_experts=4, num_experts_per_tok=2) if family == "Mixtral" else {}
+    folder = tiny_llama(tmp_path, family, **experts)
     runs = []
-    for size in (1, ranks):
+    for size in (1, 2):
         with launched_server("--model", str(folder), "--tensor-parallel-size", str(size),
                              *TIGHT) as server:  # fmt: skip
             runs.append(answers(server, folder.name))

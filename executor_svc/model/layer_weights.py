@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from turnstile.executor_svc.model.experts import Experts
 from turnstile.executor_svc.model.projection import Projection
 
 
@@ -16,8 +17,8 @@ class LayerWeights:
     qkv: Projection  # q, k, v stacked; q and k rows in interleaved rotary order
     o_proj: Projection
     post_norm: torch.Tensor
-    gate_up: Projection  # gate, up stacked
-    down: Projection
+    gate_up: Projection | None  # gate, up stacked; None where the MLP is `experts`
+    down: Projection | None
     # [heads + kv_heads, head_dim]: each query and key head's RMSNorm weight (Qwen3, Gemma 3), in
     # interleaved rotary order; None where the family has none.
     qk_norm: torch.Tensor | None = None
@@ -26,3 +27,4 @@ class LayerWeights:
     attn_out_norm: torch.Tensor | None = None
     mlp_out_norm: torch.Tensor | None = None
     rope: int = 0  # which of the model's RoPE tables rotates this layer (Gemma 3: 1, sliding)
+    experts: Experts | None = None  # a mixture of experts in place of the dense MLP

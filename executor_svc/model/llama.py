@@ -1,6 +1,7 @@
 """A Llama-family decoder over a paged KV cache: Llama 3, SmolLM, Mistral (sliding window), Qwen2
 (qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 3 (norms around each block,
-GELU, scaled embeddings and scores, a RoPE of its own for sliding layers, soft-capped logits).
+GELU, scaled embeddings and scores, a RoPE of its own for sliding layers, soft-capped logits);
+Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP: `experts.py`).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from turnstile.executor_svc.model.attention import AttentionBatch
+from turnstile.executor_svc.model.experts import load_experts
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
 from turnstile.executor_svc.model.rope import rope_rotations
@@ -131,13 +134,27 @@ class LlamaModel:
             weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset
             return weight.contiguous()
 
+        self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
+
+        def mlp(i: int, prefix: str) -> dict[str, Any]:
+            """A layer's dense MLP, or its experts, each expert's rows split as a dense MLP's."""
+            if i in info.expert_layers:
+                rows = tp.intermediate(info.expert_intermediate_size)
+                return {"gate_up": None, "down": None,
+                        "experts": load_experts(take, prefix, info, rows, self._act)}  # fmt: skip
+            gate_up = [take(f"{prefix}{p}_proj.weight", rows=inner) for p in ("gate", "up")]
+            return {
+                "gate_up": projection(stack_rows(gate_up, dtype), None),
+                "down": projection(take(prefix + "down_proj.weight", cols=inner), None),
+            }
+
         sandwich = info.sandwich_norms  # Gemma: the MLP's input norm has its own name
         mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
 
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
-            attn, mlp = prefix + "self_attn.", prefix + "mlp."
+            attn = prefix + "self_attn."
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
@@ -145,17 +162,7 @@ class LlamaModel:
                     qkv=projection(qkv(attn, "weight"), bias),
                     o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
                     post_norm=norm(f"{prefix}{mlp_input_norm}.weight"),
-                    gate_up=projection(
-                        stack_rows(
-                            [
-                                take(mlp + "gate_proj.weight", rows=inner),
-                                take(mlp + "up_proj.weight", rows=inner),
-                            ],
-                            dtype,
-                        ),
-                        None,
-                    ),
-                    down=projection(take(mlp + "down_proj.weight", cols=inner), None),
+                    **mlp(i, prefix + "mlp."),
                     qk_norm=qk_norm(attn),
                     window=info.window(i),
                     attn_out_norm=norm(prefix + "post_attention_layernorm.weight")
@@ -174,7 +181,6 @@ class LlamaModel:
             local = replace(info, rope_theta=info.local_rope_theta, rope_scaling=None)
             self.rotations.append(rope_rotations(local).to(device))
         self.scale = info.attention_scale or info.head_dim**-0.5
-        self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
 
     def _vocab_rows(self, weight: Weight) -> Weight:
         """This rank's slice of the vocabulary, padded with zero rows to the common width."""
@@ -235,6 +241,10 @@ class LlamaModel:
             attn = attn.reshape(-1, heads * head_dim)
             hidden = self._add_projected(hidden, layer.o_proj, attn, layer.attn_out_norm)
             x = self._rms_norm(hidden, layer.post_norm)
+            if layer.experts is not None:
+                hidden = hidden + self.tp.all_reduce(layer.experts(x))
+                continue
+            assert layer.gate_up is not None and layer.down is not None
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             hidden = self._add_projected(hidden, layer.down, self._act(gate) * up,
                                          layer.mlp_out_norm)  # fmt: skip

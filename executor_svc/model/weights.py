@@ -58,7 +58,7 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         weights: dict[str, torch.Tensor] = {}
         for file in files:
             weights.update(load_file(file))
-        return _split_fused(weights, info)
+        return _common_names(weights, info)
     cached = derived_path(path, "weights.safetensors")
     if cached.exists():
         return load_file(cached)
@@ -68,9 +68,24 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
     return weights
 
 
-def _split_fused(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str, torch.Tensor]:
-    """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
-    apart (views), as the other families store them."""
+# Mixtral's MoE names, as Qwen3-MoE (and the model) names them.
+_MIXTRAL_NAMES = {
+    "block_sparse_moe.": "mlp.",
+    ".w1.": ".gate_proj.",
+    ".w3.": ".up_proj.",
+    ".w2.": ".down_proj.",
+}
+
+
+def _common_names(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str, torch.Tensor]:
+    """Every family's weights under the names the model reads. Phi-3 stores q, k and v as one
+    `qkv_proj` and gate and up as one `gate_up_proj`: named apart (views), as the other
+    families store them; Mixtral's experts are renamed."""
+    for name in [n for n in weights if ".block_sparse_moe." in n]:
+        new = name
+        for old, common in _MIXTRAL_NAMES.items():
+            new = new.replace(old, common)
+        weights[new] = weights.pop(name)
     q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
     for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
         fused = weights.pop(name)

@@ -1,0 +1,53 @@
+"""The mixture-of-experts MLP (`executor_svc/model/experts.py`): its grouped matmuls give each
+token what its own top-k experts give, one by one; and the grouping needs no value on the host,
+so a CUDA step stays on the device (meta tensors stand in for the GPU, as in
+`test_device_discipline.py`). Whole Mixtral and Qwen3-MoE models against transformers:
+`test_model_families.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from turnstile.executor_svc.model.experts import Experts
+
+EXPERTS, HIDDEN, INNER = 8, 64, 32
+
+
+def _experts(device: str, dtype: torch.dtype, normalize: bool) -> Experts:
+    torch.manual_seed(0)
+    shapes = ((EXPERTS, HIDDEN), (EXPERTS, 2 * INNER, HIDDEN), (EXPERTS, HIDDEN, INNER))
+    router, gate_up, down = (torch.randn(s).to(device=device, dtype=dtype) for s in shapes)
+    return Experts(router, gate_up, down, top_k=3, normalize=normalize, act=F.silu)
+
+
+def _one_by_one(experts: Experts, x: torch.Tensor) -> torch.Tensor:
+    """Each token through each of its top-k experts in turn, in float64."""
+    router, gate_up = experts.router.double(), experts.gate_up.transpose(1, 2).double()
+    down = experts.down.transpose(1, 2).double()
+    out = torch.zeros_like(x, dtype=torch.float64)
+    for t, row in enumerate(x.double()):
+        probs = (router @ row).softmax(-1)
+        weights, chosen = probs.topk(experts.top_k)
+        if experts.normalize:
+            weights = weights / weights.sum()
+        for weight, e in zip(weights, chosen, strict=True):
+            gate, up = (gate_up[e] @ row).chunk(2)
+            out[t] += weight * (down[e] @ (F.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("tokens", [1, 5, 40])  # 1 and 5: most experts get no token
+def test_grouped_experts_give_each_token_its_own_experts_sum(tokens: int, normalize: bool) -> None:
+    experts = _experts("cpu", torch.float32, normalize)
+    x = torch.randn(tokens, HIDDEN)
+    expected = _one_by_one(experts, x)
+    torch.testing.assert_close(experts(x).double(), expected, atol=1e-3, rtol=1e-4)
+
+
+def test_the_experts_run_on_the_device_without_a_host_sync() -> None:
+    experts = _experts("meta", torch.bfloat16, normalize=True)
+    out = experts(torch.empty(7, HIDDEN, device="meta", dtype=torch.bfloat16))
+    assert out.device.type == "meta" and out.shape == (7, HIDDEN)

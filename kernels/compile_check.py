@@ -28,7 +28,9 @@ _ATTENTION_SCALARS = {
 
 def _sources(dtype: str) -> dict[str, ASTSource]:
     data = f"*{dtype}"
-    shape = {"GROUP": 3, "BLOCK_SIZE": 16, "HEAD_DIM": 64, "DIM_PAD": 64}
+    # Gemma 2's soft cap in the bf16 builds (its dtype), none in the fp32 ones: both branches.
+    shape = {"GROUP": 3, "BLOCK_SIZE": 16, "HEAD_DIM": 64, "DIM_PAD": 64,
+             "SOFTCAP": 50.0 if dtype == "bf16" else 0.0}  # fmt: skip
     attention = {"out": data, "query": data, "k_cache": data, "v_cache": data}
     tables = {"block_tables": "*i64", "seq_lens": "*i64"}
     return {

@@ -64,7 +64,16 @@ NativeWeight._fields_ = [
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
-    "paged_decode_attention_f32": [*[_PTR] * 4, _LONG, _PTR, _PTR, *[_LONG] * 5, _FLOAT, _LONG],
+    "paged_decode_attention_f32": [
+        *[_PTR] * 4,
+        _LONG,
+        _PTR,
+        _PTR,
+        *[_LONG] * 5,
+        _FLOAT,
+        _LONG,
+        _FLOAT,
+    ],
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],

@@ -16,9 +16,10 @@ def paged_decode_attention(
     plan: DecodePlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV
-    (its last `window` tokens with a window)."""
+    (its last `window` tokens with a window; scores soft-capped where `softcap`)."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -48,6 +49,7 @@ def paged_decode_attention(
         plan.block_size,
         scale,
         window,
+        softcap,
     )
     if status:
         raise MemoryError("native decode attention could not allocate its scores")

@@ -64,6 +64,27 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     return DecodePlan(block_tables, seq_lens, block_size, visible)
 
 
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention of [rows, heads, queries, dim] over [rows, kv_heads, keys, dim] where
+    `visible`. With `softcap` (Gemma 2), each scaled score s becomes softcap * tanh(s /
+    softcap) before the softmax, as transformers computes it; SDPA has no such step."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=visible, scale=scale, enable_gqa=True
+        )
+    group = query.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.tanh(query @ keys.transpose(-1, -2) * (scale / softcap)) * softcap
+    return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ values
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -71,9 +92,11 @@ def paged_decode_attention(
     plan: DecodePlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """One query token per row ([rows, heads, head_dim]) against its row's paged KV: all of
-    it, or with a `window` its last `window` tokens."""
+    it, or with a `window` its last `window` tokens; scores soft-capped where `softcap`
+    (`_attend`)."""
     rows = plan.block_tables.shape[0]
     keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows)
     values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows)
@@ -81,10 +104,7 @@ def paged_decode_attention(
     if window:
         positions = torch.arange(keys.shape[2], device=query.device)
         visible = visible & (positions >= (plan.seq_lens - window)[:, None])[:, None, None, :]
-    out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=visible, scale=scale, enable_gqa=True
-    )
-    return out.squeeze(2)
+    return _attend(query.unsqueeze(2), keys, values, visible, scale, softcap).squeeze(2)
 
 
 def paged_prefill_attention(
@@ -94,6 +114,7 @@ def paged_prefill_attention(
     plan: PrefillPlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of each row's new tokens (a prompt chunk, possibly after a cached or
     earlier-computed prefix) against the row's paged KV, new tokens included; with a `window`,
@@ -117,9 +138,7 @@ def paged_prefill_attention(
     visible = key_pos[None, None, :] <= query_pos[:, :, None]
     if window:
         visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
-    out = F.scaled_dot_product_attention(
-        padded, keys, values, attn_mask=visible[:, None], scale=scale, enable_gqa=True
-    )
+    out = _attend(padded, keys, values, visible[:, None], scale, softcap)
     out = out.transpose(1, 2).reshape(rows * longest, *query.shape[1:])
     # Each token's place among the padded rows, by shapes the host knows: no device sync.
     tokens = query.shape[0]

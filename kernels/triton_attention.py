@@ -44,6 +44,15 @@ def write_kv_kernel(
 
 
 @triton.jit
+def _soft_capped(scores, SOFTCAP: tl.constexpr):
+    """Gemma 2's softcap * tanh(score / softcap); tanh as 2 sigmoid(2x) - 1, which every
+    Triton backend (the interpreter's too) has."""
+    if SOFTCAP > 0:
+        scores = SOFTCAP * (2.0 * tl.sigmoid(scores * (2.0 / SOFTCAP)) - 1.0)
+    return scores
+
+
+@triton.jit
 def paged_decode_kernel(
     out,
     query,
@@ -65,6 +74,7 @@ def paged_decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -93,7 +103,8 @@ def paged_decode_kernel(
         mask = visible[:, None] & dim_ok[None, :]
         k = tl.load(k_cache + offsets, mask=mask, other=0.0).to(tl.float32)
         v = tl.load(v_cache + offsets, mask=mask, other=0.0).to(tl.float32)
-        scores = tl.where(visible, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        scores = _soft_capped(tl.sum(k * q[None, :], axis=1) * scale, SOFTCAP)
+        scores = tl.where(visible, scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=0))
         weights = tl.exp(scores - new_max)
         rescale = tl.exp(running_max - new_max)
@@ -129,6 +140,7 @@ def paged_prefill_kernel(
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     TENSOR_CORES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -176,6 +188,7 @@ def paged_prefill_kernel(
             else:
                 k, v = k.to(tl.float32), v.to(tl.float32)
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            scores = _soft_capped(scores, SOFTCAP)
             visible = (key_pos[None, :] <= query_pos[:, None]) & (
                 (window <= 0) | (key_pos[None, :] > query_pos[:, None] - window)
             )
@@ -225,6 +238,7 @@ def paged_decode_attention(
     plan: DecodePlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     block_tables, seq_lens = plan.block_tables, plan.seq_lens
     rows, heads, dim = query.shape
@@ -234,7 +248,7 @@ def paged_decode_attention(
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=dim,
-        DIM_PAD=triton.next_power_of_2(dim),
+        DIM_PAD=triton.next_power_of_2(dim), SOFTCAP=softcap,
     )  # fmt: skip
     return out
 
@@ -246,6 +260,7 @@ def paged_prefill_attention(
     plan: PrefillPlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
     block_m: int = 16,
 ) -> torch.Tensor:
     """The grid needs `plan.longest`, which the host knows: no sync."""
@@ -259,6 +274,6 @@ def paged_prefill_attention(
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m,
         HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim),
-        TENSOR_CORES=k_cache.dtype != torch.float32 and not _INTERPRETED,
+        TENSOR_CORES=k_cache.dtype != torch.float32 and not _INTERPRETED, SOFTCAP=softcap,
     )  # fmt: skip
     return out

@@ -32,9 +32,12 @@ def paged_decode(
     block_size: int,
     scale: float,
     window: int,
+    softcap: float,
 ) -> torch.Tensor:
     plan = DecodePlan(block_tables, seq_lens, block_size)
-    return triton_attention.paged_decode_attention(query, k_cache, v_cache, plan, scale, window)
+    return triton_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, scale, window, softcap
+    )
 
 
 @torch.library.custom_op("turnstile::paged_prefill", mutates_args=())
@@ -48,9 +51,12 @@ def paged_prefill(
     scale: float,
     longest: int,
     window: int,
+    softcap: float,
 ) -> torch.Tensor:
     plan = PrefillPlan(block_tables, seq_lens, query_start_loc, longest)
-    return triton_attention.paged_prefill_attention(query, k_cache, v_cache, plan, scale, window)
+    return triton_attention.paged_prefill_attention(
+        query, k_cache, v_cache, plan, scale, window, softcap
+    )
 
 
 def decode(
@@ -60,9 +66,10 @@ def decode(
     plan: DecodePlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    tables, lens = plan.block_tables, plan.seq_lens
-    return paged_decode(query, k_cache, v_cache, tables, lens, plan.block_size, scale, window)
+    tables, lens, size = plan.block_tables, plan.seq_lens, plan.block_size
+    return paged_decode(query, k_cache, v_cache, tables, lens, size, scale, window, softcap)
 
 
 def prefill(
@@ -72,9 +79,12 @@ def prefill(
     plan: PrefillPlan,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     tables, lens, start = plan.block_tables, plan.seq_lens, plan.query_start
-    return paged_prefill(query, k_cache, v_cache, tables, lens, start, scale, plan.longest, window)
+    return paged_prefill(
+        query, k_cache, v_cache, tables, lens, start, scale, plan.longest, window, softcap
+    )
 
 
 def _on_one_device(*tensors: torch.Tensor) -> None:

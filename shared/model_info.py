@@ -102,7 +102,7 @@ class ModelInfo:
     sampling_defaults: dict[str, float] | None = None
     qk_norm: bool = False  # each query and key head RMS-normed before RoPE (Qwen3, Gemma 3)
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full; (): none slides
-    # What sets Gemma 3 apart (`model_support.family_features`).
+    # What sets Gemma 2 and 3 apart (`model_support.family_features`).
     hidden_act: str = "silu"
     attention_scale: float = 0.0  # 0: head_dim ** -0.5
     norm_offset: float = 0.0  # added to every RMSNorm weight
@@ -110,6 +110,7 @@ class ModelInfo:
     embed_scale: float = 1.0
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
+    attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
     # Mixture of experts (`model_support.mixture_of_experts`); 0 experts: a dense MLP.
     num_experts: int = 0
     experts_per_token: int = 0

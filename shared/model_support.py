@@ -8,7 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma3_text", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe")
+FAMILIES = ("gemma2", "gemma3_text", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3",
+            "qwen3_moe")  # fmt: skip
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
 QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # sliding windows from `max_window_layers`
@@ -55,18 +57,20 @@ def rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 def family_features(config: dict[str, Any]) -> dict[str, Any]:
     """What sets a family's layers apart from Llama's, as `ModelInfo` fields."""
     family = config["model_type"]
-    gemma = family == "gemma3_text"
+    gemma = family in GEMMA_FAMILIES
     _, local = rope_parameters(config)
     return {
         "hidden_act": activation(config),
         "qk_norm": family in QK_NORM_FAMILIES,
         "layer_windows": layer_windows(config),
-        "attention_scale": config["query_pre_attn_scalar"] ** -0.5 if gemma else 0.0,
+        # transformers' default for both Gemmas where the config leaves it out
+        "attention_scale": config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else 0.0,
         "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
         "sandwich_norms": gemma,
         "embed_scale": config["hidden_size"] ** 0.5 if gemma else 1.0,
         "local_rope_theta": float(local["rope_theta"]) if local else 0.0,
         "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
+        "attn_logit_softcapping": float(config.get("attn_logit_softcapping") or 0.0),
         **mixture_of_experts(config),
     }
 
@@ -132,9 +136,8 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     if local is not None and rope_type(local) != "default":
         _refuse(source, "rope_parameters.sliding_attention.rope_type", rope_type(local),
                 "sliding layers' RoPE: default only")  # fmt: skip
-    for field in ("attn_logit_softcapping", "use_bidirectional_attention"):
-        if config.get(field):
-            _refuse(source, field, config[field], "not implemented")
+    if config.get("use_bidirectional_attention"):
+        _refuse(source, "use_bidirectional_attention", True, "not implemented")
     partial = (rope or {}).get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
     if float(partial) != 1:
         _refuse(source, "partial_rotary_factor", partial, "RoPE on part of a head: not implemented")

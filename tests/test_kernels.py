@@ -41,14 +41,17 @@ def paged_setup(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("window", [0, 20])  # 20: windows that start mid-block
-def test_paged_decode_matches_reference(dtype: torch.dtype, block_size: int, window: int) -> None:
+# 20: windows that start mid-block; soft cap 0.5 (Gemma 2's is 50, on scores 100x these)
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (20, 0.0), (20, 0.5)])
+def test_paged_decode_matches_reference(
+    dtype: torch.dtype, block_size: int, window: int, softcap: float
+) -> None:
     seq_lens = [1, 15, 16, 17, 40, 97]
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, dtype)
     query = torch.randn(len(seq_lens), HEADS, DIM).to(dtype)
     plan = reference.plan_decode(tables, lens, block_size)
     expected, got = (
-        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window)
+        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window, softcap)
         for kernels in (reference, triton_kernels)
     )
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -56,9 +59,10 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, block_size: int, win
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("window", [0, 11])  # 11: some rows of a query tile see no early block
+# 11: some rows of a query tile see no early block
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (11, 0.0), (11, 0.5)])
 def test_chunked_prefill_over_cached_prefix_matches_reference(
-    dtype: torch.dtype, block_size: int, window: int
+    dtype: torch.dtype, block_size: int, window: int, softcap: float
 ) -> None:
     # (cached or earlier-computed tokens, new tokens this step) per row; ragged, some with
     # no prefix, some whose chunk starts mid-block, one longer than a query tile.
@@ -68,7 +72,7 @@ def test_chunked_prefill_over_cached_prefix_matches_reference(
     query_start = torch.tensor([0] + [new for _, new in rows]).cumsum(0)
     query = torch.randn(int(query_start[-1]), HEADS, DIM).to(dtype)
     plan = reference.PrefillPlan(tables, lens, query_start, longest=40)
-    args = (query, k_cache, v_cache, plan, DIM**-0.5, window)
+    args = (query, k_cache, v_cache, plan, DIM**-0.5, window, softcap)
     expected = reference.paged_prefill_attention(*args)
     got = triton_kernels.paged_prefill_attention(*args)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
@@ -99,19 +103,23 @@ def test_kv_write_skips_slot_minus_one_the_padding_rows_of_a_cuda_graph() -> Non
     assert torch.equal(v_cache.view(-1, KV_HEADS, DIM)[20], value[2])
 
 
-@pytest.mark.parametrize("window", [0, 5])
-def test_reference_equals_dense_causal_attention(window: int) -> None:
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (5, 0.0), (5, 0.7)])
+def test_reference_equals_dense_causal_attention(window: int, softcap: float) -> None:
     """The reference itself, against attention on unpaged tensors; with a window, query q sees
-    keys q - window + 1 to q, as transformers' sliding-window mask. Decode attention of the
-    last token equals prefill's last row."""
+    keys q - window + 1 to q, as transformers' sliding-window mask; with a soft cap, scores are
+    capped as Gemma 2's eager attention caps them. Decode attention of the last token equals
+    prefill's last row."""
     k_cache, v_cache, tables, lens = paged_setup([21], 16, torch.float32, seed=2)
     query = torch.randn(21, HEADS, DIM)
     start = torch.tensor([0, 21])
     plan = reference.PrefillPlan(tables, lens, start, longest=21)
-    got = reference.paged_prefill_attention(query, k_cache, v_cache, plan, 0.125, window)
+    got = reference.paged_prefill_attention(query, k_cache, v_cache, plan, 0.125, window,
+                                            softcap)  # fmt: skip
     keys = k_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     values = v_cache[tables[0]].reshape(-1, KV_HEADS, DIM)[:21].repeat_interleave(3, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query, keys) * 0.125
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     hidden = torch.ones(21, 21).triu(1).bool()
     if window:
         hidden |= torch.ones(21, 21).tril(-window).bool()
@@ -120,7 +128,7 @@ def test_reference_equals_dense_causal_attention(window: int) -> None:
     torch.testing.assert_close(got, dense, atol=1e-5, rtol=0)
     decode_plan = reference.plan_decode(tables, lens, 16)
     last = reference.paged_decode_attention(query[-1:], k_cache, v_cache, decode_plan, 0.125,
-                                            window)  # fmt: skip
+                                            window, softcap)  # fmt: skip
     torch.testing.assert_close(last, dense[-1:], atol=1e-5, rtol=0)
 
 

@@ -84,6 +84,15 @@ def _checkpoint(family: str) -> Any:
         )  # fmt: skip
         model = transformers.Gemma3ForCausalLM(config)
         _randomize(p for n, p in model.named_parameters() if n.endswith("norm.weight"))
+    elif family == "gemma2":  # Gemma 2: scores soft-capped, sliding then full layers
+        config = transformers.Gemma2Config(
+            **{**SHAPE, "tie_word_embeddings": True}, head_dim=32, query_pre_attn_scalar=24,
+            sliding_window=24, attn_logit_softcapping=1.5, final_logit_softcapping=3.0,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        )  # fmt: skip
+        assert config.layer_types == ["sliding_attention", "full_attention"]
+        model = transformers.Gemma2ForCausalLM(config)
+        _randomize(p for n, p in model.named_parameters() if n.endswith("norm.weight"))
     elif family == "mixtral":  # 4 experts, 2 a token; every layer slides over 40 tokens
         config = transformers.MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2,
                                             sliding_window=40)  # fmt: skip
@@ -124,8 +133,8 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize(
     "family",
-    ["qwen2", "qwen3", "mistral", "phi3", "gemma3", "mixtral", "qwen3_moe", "llama3", "linear",
-     "yarn"],
+    ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "llama3",
+     "linear", "yarn"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

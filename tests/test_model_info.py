@@ -96,10 +96,10 @@ BASE_CONFIG = {
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"model_type": "gemma2"}, "model_type"),
+        ({"model_type": "qwen2_moe"}, "model_type"),  # shared experts: not implemented
         ({"hidden_act": "relu"}, "hidden_act"),
         ({"model_type": "gemma3_text", "query_pre_attn_scalar": 64,
-          "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+          "use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                               "sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
          "rope_parameters.sliding_attention.rope_type"),
@@ -184,13 +184,13 @@ def test_each_layers_sliding_window_is_read_as_transformers_reads_it(
 def test_serve_refuses_an_unsupported_model_before_starting_anything(tmp_path: Path) -> None:
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"model_type": "gemma2"}))
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"model_type": "qwen2_moe"}))
     done = subprocess.run(
         [sys.executable, "-m", "turnstile.cli", "serve", "--model", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "model_type = 'gemma2' is not supported" in done.stderr
+    assert "model_type = 'qwen2_moe' is not supported" in done.stderr
 
 
 def test_a_hugging_face_id_is_found_in_the_local_cache_and_a_missing_one_named(

@@ -87,8 +87,9 @@ def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("window", [0, 20])  # 20: windows that start mid-block
-def test_paged_decode_matches_reference(block_size: int, window: int) -> None:
+# 20: windows that start mid-block; soft cap 0.5 (Gemma 2's is 50, on scores 100x these)
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (20, 0.0), (20, 0.5)])
+def test_paged_decode_matches_reference(block_size: int, window: int, softcap: float) -> None:
     # Ragged, partial last blocks, 9 query heads on 3 KV heads, and rows of 8+ tokens (the
     # kernel scores eight at a time) next to shorter ones.
     seq_lens = [1, 7, 8, 15, 16, 17, 40, 97, 250]
@@ -96,7 +97,7 @@ def test_paged_decode_matches_reference(block_size: int, window: int) -> None:
     query = torch.randn(len(seq_lens), HEADS, DIM)
     plan = reference.plan_decode(tables, lens, block_size)
     expected, got = (
-        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window)
+        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window, softcap)
         for kernels in (reference, native_attention)
     )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
@@ -104,17 +105,18 @@ def test_paged_decode_matches_reference(block_size: int, window: int) -> None:
 
 @pytest.mark.parametrize("seq_lens", [[700], [300, 1], [33, 129, 64]])
 @pytest.mark.parametrize("magnitude", [1, 300])
-@pytest.mark.parametrize("window", [0, 203])
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (203, 0.0), (203, 30.0)])
 def test_few_rows_split_their_context_and_merge_to_the_reference(
-    seq_lens: list[int], magnitude: float, window: int
+    seq_lens: list[int], magnitude: float, window: int, softcap: float
 ) -> None:
     """With fewer rows than tasks the threads want, each row's context is scored in several
     parts (a part of 33 tokens ends mid-block; a window's first part starts mid-block) whose
-    softmaxes are merged; large scores test the merge's rescaling."""
+    softmaxes are merged; large scores test the merge's rescaling (and, soft-capped, that the
+    merge rescales capped scores)."""
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.float32, seed=len(seq_lens))
     generator = torch.Generator().manual_seed(len(seq_lens))
     query = torch.randn(len(seq_lens), HEADS, DIM, generator=generator) * magnitude
-    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens, window)
+    expected, got = _both_decodes(query, k_cache, v_cache, tables, lens, window, softcap)
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
@@ -137,10 +139,11 @@ def _both_decodes(
     tables: torch.Tensor,
     lens: torch.Tensor,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     plan = reference.plan_decode(tables, lens, 16)
     expected, got = (
-        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window)
+        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window, softcap)
         for kernels in (reference, native_attention)
     )
     return expected, got

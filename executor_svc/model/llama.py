@@ -1,6 +1,7 @@
 """A Llama-family decoder over a paged KV cache: Llama 3, SmolLM, Mistral (sliding window), Qwen2
-(qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 3 (norms around each block,
-GELU, scaled embeddings and scores, a RoPE of its own for sliding layers, soft-capped logits);
+(qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 2 and 3 (norms around each
+block, GELU, scaled embeddings and scores, soft-capped logits; Gemma 2's soft-capped attention
+scores, Gemma 3's RoPE of its own for sliding layers);
 Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP: `experts.py`).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
@@ -181,6 +182,7 @@ class LlamaModel:
             local = replace(info, rope_theta=info.local_rope_theta, rope_scaling=None)
             self.rotations.append(rope_rotations(local).to(device))
         self.scale = info.attention_scale or info.head_dim**-0.5
+        self.softcap = info.attn_logit_softcapping
 
     def _vocab_rows(self, weight: Weight) -> Weight:
         """This rank's slice of the vocabulary, padded with zero rows to the common width."""
@@ -237,7 +239,7 @@ class LlamaModel:
                 qk = F.rms_norm(qk, (head_dim,), None, self.info.rms_norm_eps) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
             q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
-            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window)
+            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap)
             attn = attn.reshape(-1, heads * head_dim)
             hidden = self._add_projected(hidden, layer.o_proj, attn, layer.attn_out_norm)
             x = self._rms_norm(hidden, layer.post_norm)

@@ -23,7 +23,7 @@ typedef struct {
     const float *k_cache, *v_cache;
     const long *block_tables;
     long width, heads, kv_heads, dim, block_size;
-    float scale;
+    float scale, softcap;
 } Decode;
 
 /* Tokens [begin, end) of a row. */
@@ -114,6 +114,14 @@ static inline long block_span(const Task *task, long b, long bs, long *t, long *
     return task->end - *t < bs - *skip ? task->end - *t : bs - *skip;
 }
 
+/* Gemma 2's soft cap, in the unscaled units the softmax takes: s becomes
+ * softcap / scale * tanh(s * scale / softcap), so that times scale it is softcap * tanh(s * scale
+ * / softcap), as transformers computes it. */
+static void soft_cap(const Decode *a, float *scores, long count) {
+    const float inner = a->scale / a->softcap, outer = a->softcap / a->scale;
+    for (long i = 0; i < count; i++) scores[i] = outer * tanhf(scores[i] * inner);
+}
+
 /* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
  * floats. */
 static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
@@ -132,6 +140,7 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
             score_tokens(q_row + h * dim, block + (h / group) * dim, count, token_stride, dim,
                          scores + h * stride + t - task->begin);
     }
+    if (a->softcap > 0.0f) soft_cap(a, scores, heads * stride);
     for (long h = 0; h < heads; h++) {
         p.total[h] = softmax_numerators(scores + h * stride, task->end - task->begin, a->scale,
                                         &p.top[h]);
@@ -169,12 +178,14 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
 }
 
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8. A `window` > 0 attends each
- * row's last `window` tokens only. Returns 0, or -1 when out of memory. */
+ * row's last `window` tokens only; a `softcap` > 0 soft-caps the scores. Returns 0, or -1 when
+ * out of memory. */
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const long *block_tables, long width, const long *seq_lens,
                                float *out, long rows, long heads, long kv_heads, long dim,
-                               long block_size, float scale, long window) {
-    Decode a = {k_cache, v_cache, block_tables, width, heads, kv_heads, dim, block_size, scale};
+                               long block_size, float scale, long window, float softcap) {
+    Decode a = {k_cache, v_cache, block_tables, width,  heads,
+                kv_heads, dim,   block_size,   scale, softcap};
     const long per_task = BLOCKS_PER_TASK * block_size;
     long most_tasks = 0, tasks = 0, stride = 8; /* a head's scores in a task, in whole vectors */
     for (long r = 0; r < rows; r++) most_tasks += (seq_lens[r] + per_task - 1) / per_task;

@@ -18,6 +18,7 @@ import msgspec
 from turnstile.shared.model_support import (
     check_gguf_fields,
     check_hf_config,
+    context_length,
     family_features,
     rope_parameters,
     rope_type,
@@ -261,7 +262,7 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         num_kv_heads=config.get("num_key_value_heads", heads),
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         vocab_size=config["vocab_size"],
-        max_model_len=config.get("max_position_embeddings", 4096),
+        max_model_len=context_length(config),
         rope_theta=float(rope_theta),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         bos_token_id=config.get("bos_token_id", 1),

@@ -20,7 +20,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 GGUF_ARCHITECTURES = ("llama", "qwen2")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
-ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "yarn")
 # Those scaled from an original context length, which transformers requires.
 NEEDS_ORIGINAL = ("llama3", "longrope", "yarn")
 ORIGINAL = "original_max_position_embeddings"
@@ -51,7 +51,17 @@ def rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     original = config.get("original_max_position_embeddings")
     if rope_type(rope) in NEEDS_ORIGINAL and original and ORIGINAL not in rope:
         rope = {**rope, ORIGINAL: original}  # Phi-3's older configs keep it beside rope_scaling
+    if rope_type(rope) == "dynamic":  # scaled from max_position_embeddings, as transformers does
+        rope = {**rope, ORIGINAL: config.get("max_position_embeddings", 4096)}
     return rope, None
+
+
+def context_length(config: dict[str, Any]) -> int:
+    """The longest sequence served: `max_position_embeddings`; with dynamic NTK RoPE, times
+    its factor, the context it stretches to (as vLLM reads it)."""
+    length = config.get("max_position_embeddings", 4096)
+    rope, _ = rope_parameters(config)
+    return int(length * rope["factor"]) if rope_type(rope) == "dynamic" else length
 
 
 def family_features(config: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,8 @@ SCALINGS = {
                    original_max_position_embeddings=64),
     "linear": dict(rope_type="linear", factor=4.0),
     "yarn": dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64),
+    # from max_position_embeddings, 96 here (`_checkpoint`): the longest sequence grows past it
+    "dynamic": dict(rope_type="dynamic", factor=2.0),
 }  # fmt: skip
 # Phi-3's: factors per frequency (head_dim 32), the long ones past 256 positions.
 LONGROPE = dict(rope_type="longrope", original_max_position_embeddings=256,
@@ -105,7 +107,8 @@ def _checkpoint(family: str) -> Any:
         routers = ("gate.weight", "q_norm.weight", "k_norm.weight")  # a zero router ties
         _randomize(p for n, p in model.named_parameters() if n.endswith(routers))
     else:  # Llama with each RoPE scaling
-        config = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=SCALINGS[family])
+        shape = {**SHAPE, "max_position_embeddings": 96} if family == "dynamic" else SHAPE
+        config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=SCALINGS[family])
         model = transformers.LlamaForCausalLM(config)
     return model.eval()
 
@@ -134,7 +137,7 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize(
     "family",
     ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "llama3",
-     "linear", "yarn"],
+     "linear", "yarn", "dynamic"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path
@@ -189,21 +192,28 @@ def test_several_eos_ids_end_generation_as_transformers_does(tmp_path: Path) -> 
     assert ends[0].finish_reason == ends[2].finish_reason == "stop"
 
 
-def test_longrope_rotates_past_the_original_context_by_the_long_factors(tmp_path: Path) -> None:
-    """Positions 0-255 by the short factors, 256 on by the long ones, each times the attention
-    factor: transformers' rotary embedding at the same positions."""
+@pytest.mark.parametrize(
+    ("family", "positions"),
+    [("phi3", [3, 200, 255, 256, 300, 511]), ("dynamic", [3, 95, 96, 97, 150, 191])],
+)
+def test_a_scaled_rope_rotates_each_position_as_transformers_does(
+    family: str, positions: list[int], tmp_path: Path
+) -> None:
+    """Longrope: positions 0-255 by the short factors, 256 on by the long ones, each times the
+    attention factor. Dynamic NTK: from the original 96 positions on, each position by the
+    frequencies of a sequence that long. Against transformers' rotary embedding asked for each
+    position in turn, as `generate` asks for each new token's."""
     import torch
 
     from turnstile.executor_svc.model.rope import rope_rotations
     from turnstile.shared.model_info import read_model_info
 
-    model = _checkpoint("phi3")
+    model = _checkpoint(family)
     model.save_pretrained(tmp_path)
     rotations = rope_rotations(read_model_info(tmp_path))
-    for positions in ([3, 200, 255], [256, 300, 511]):
-        ids = torch.tensor([positions])
-        cos, sin = model.model.rotary_emb(torch.zeros(1, 3, 128), position_ids=ids)
+    for position in positions:
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 1, 128), torch.tensor([[position]]))
         half = cos.shape[-1] // 2
-        ours = rotations[positions]
-        torch.testing.assert_close(ours.real, cos[0, :, :half], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ours.imag, sin[0, :, :half], atol=1e-5, rtol=1e-5)
+        ours = rotations[position]
+        torch.testing.assert_close(ours.real, cos[0, 0, :half], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.imag, sin[0, 0, :half], atol=1e-5, rtol=1e-5)

@@ -103,7 +103,7 @@ BASE_CONFIG = {
         ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                               "sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
          "rope_parameters.sliding_attention.rope_type"),
-        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
+        ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},

@@ -3,8 +3,8 @@
 The plain frequencies are computed here; a scaled RoPE (linear, llama3, yarn, longrope) takes
 its frequencies and its attention factor from transformers' own functions, so it is exactly
 what the model was trained with (transformers is imported only for such a model). Dynamic NTK,
-whose frequencies change with the sequence's length, is refused at start
-(`shared/model_support.py`).
+whose frequencies grow with the sequence, rotates each position as transformers rotates a
+sequence's newest token there (`_dynamic_ntk_angles`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ def rope_rotations(info: ModelInfo) -> torch.Tensor:
     by the attention factor (yarn's; 1 otherwise), which multiplies both q and k as in
     transformers."""
     positions = torch.arange(info.max_model_len, dtype=torch.float32)
-    inv_freq, factor = _frequencies(info)
-    angles = torch.outer(positions, inv_freq.float())
+    if rope_type(info.rope_scaling) == "dynamic":
+        angles, factor = _dynamic_ntk_angles(info, positions), 1.0
+    else:
+        inv_freq, factor = _frequencies(info)
+        angles = torch.outer(positions, inv_freq.float())
     rotations = torch.polar(torch.full_like(angles, factor), angles)
     original = (info.rope_scaling or {}).get("original_max_position_embeddings")
     if rope_type(info.rope_scaling) == "longrope" and original < info.max_model_len:
@@ -31,6 +34,24 @@ def rope_rotations(info: ModelInfo) -> torch.Tensor:
         angles = torch.outer(positions[original:], inv_freq.float())
         rotations[original:] = torch.polar(torch.full_like(angles, factor), angles)
     return rotations
+
+
+def _dynamic_ntk_angles(info: ModelInfo, positions: torch.Tensor) -> torch.Tensor:
+    """Position p's angles at the frequencies of a sequence of max(p + 1, original) tokens:
+    transformers' `_compute_dynamic_ntk_parameters` in float32, as `generate` calls it (with
+    the length a tensor), for every length at once. This is what `generate` gives a token
+    decoded at p (its frequencies grow with the sequence); a prompt longer than the original
+    context is rotated whole by the frequencies of its length there, here position by
+    position, so that a position's rotation never depends on how its sequence was chunked or
+    batched."""
+    scaling = info.rope_scaling or {}
+    original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    dim = info.head_dim
+    tokens = (positions + 1).clamp(min=original)
+    base = info.rope_theta * ((factor * tokens / original) - (factor - 1)) ** (dim / (dim - 2))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (base[:, None] ** exponents[None, :])
+    return positions[:, None] * inv_freq
 
 
 def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Tensor, float]:

@@ -15,8 +15,8 @@ from pathlib import Path
 import gguf
 import msgspec
 
+from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
-    check_gguf_fields,
     check_hf_config,
     context_length,
     family_features,
@@ -188,36 +188,7 @@ def read_model_info(path: Path) -> ModelInfo:
 
 
 def _from_gguf(path: Path) -> ModelInfo:
-    reader = gguf.GGUFReader(path)
-
-    def field(key: str, default: object = None) -> object:
-        found = reader.fields.get(key)
-        return default if found is None else found.contents()
-
-    arch = str(field("general.architecture"))
-    check_gguf_fields(arch, field, path.name)
-    hidden = int(field(f"{arch}.embedding_length"))
-    heads = int(field(f"{arch}.attention.head_count"))
-    tensor_names = {tensor.name for tensor in reader.tensors}
-    vocab = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens"))
-    return ModelInfo(
-        name=str(field("general.name", path.stem)),
-        num_layers=int(field(f"{arch}.block_count")),
-        hidden_size=hidden,
-        intermediate_size=int(field(f"{arch}.feed_forward_length")),
-        num_heads=heads,
-        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field(f"{arch}.attention.key_length", hidden // heads)),
-        vocab_size=int(vocab),
-        max_model_len=int(field(f"{arch}.context_length")),
-        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
-        bos_token_id=int(field("tokenizer.ggml.bos_token_id", 1)),
-        eos_token_id=int(field("tokenizer.ggml.eos_token_id", 2)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        chat_template=field("tokenizer.chat_template"),
-    )
+    return ModelInfo(**gguf_fields(gguf.GGUFReader(path), path.name))
 
 
 # What vLLM's --generation-config auto takes from generation_config.json.

@@ -15,9 +15,10 @@ GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
 QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # sliding windows from `max_window_layers`
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-# general.architecture of the GGUF files read (Mistral's are "llama"); the other families'
-# GGUF layouts are not read until a test writes one and checks it against transformers.
-GGUF_ARCHITECTURES = ("llama", "qwen2")
+# general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
+# checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
+GGUF_ARCHITECTURES = ("gemma2", "gemma3", "llama", "qwen2", "qwen3", "qwen3moe")
+SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX: routed as transformers routes
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
 ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "yarn")
@@ -167,11 +168,14 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         _refuse(source, "general.architecture", arch,
                 f"supported: {', '.join(GGUF_ARCHITECTURES)}")  # fmt: skip
     scaling = field(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        _refuse(source, f"{arch}.rope.scaling.type", scaling, "RoPE scaling from GGUF is not read")
-    window = field(f"{arch}.attention.sliding_window")
-    if window:
-        _refuse(source, f"{arch}.attention.sliding_window", window, "not read from GGUF")
+    if scaling not in (None, "none", "linear"):
+        _refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear")
+    shared = field(f"{arch}.expert_shared_count")
+    if shared:
+        _refuse(source, f"{arch}.expert_shared_count", shared, "shared experts: not implemented")
+    gating = field(f"{arch}.expert_gating_func")
+    if gating not in (None, SOFTMAX_GATING):
+        _refuse(source, f"{arch}.expert_gating_func", gating, "softmax routing only")
 
 
 def _refuse(source: str, field: str, value: object, why: str) -> None:

@@ -49,8 +49,9 @@ def _randomize(parameters: Any) -> None:
                                0.5)  # fmt: skip
 
 
-def _checkpoint(family: str) -> Any:
-    """A transformers model of `family` with its features on."""
+def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
+    """A transformers model of `family` with its features on (Qwen3-MoE: a dense MLP on
+    `dense_layers`)."""
     import torch
     import transformers
 
@@ -101,8 +102,8 @@ def _checkpoint(family: str) -> Any:
         model = transformers.MixtralForCausalLM(config)
     elif family == "qwen3_moe":  # experts of their own width on layer 0, a dense MLP on layer 1
         config = transformers.Qwen3MoeConfig(**SHAPE, num_experts=8, num_experts_per_tok=3,
-                                             moe_intermediate_size=64, mlp_only_layers=[1],
-                                             norm_topk_prob=False)  # fmt: skip
+                                             moe_intermediate_size=64, norm_topk_prob=False,
+                                             mlp_only_layers=list(dense_layers))  # fmt: skip
         model = transformers.Qwen3MoeForCausalLM(config)
         routers = ("gate.weight", "q_norm.weight", "k_norm.weight")  # a zero router ties
         _randomize(p for n, p in model.named_parameters() if n.endswith(routers))
@@ -142,10 +143,16 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path
 ) -> None:
-    import torch
-
     model = _checkpoint(family)
     model.save_pretrained(tmp_path)
+    generates_what_transformers_generates(tmp_path, model, family, backend)
+
+
+def generates_what_transformers_generates(model_path: Path, model: Any, family: str,
+                                          backend: str) -> None:  # fmt: skip
+    """Turnstile, serving `model_path`, generates `model`'s tokens and logprobs."""
+    import torch
+
     expected, hf_logprobs = _hf_generate(model)
     assert len({tuple(tokens) for tokens in expected}) == len(PROMPTS)  # not degenerate
     # 12 blocks of 16 for 4 sequences of up to 138 tokens: some are preempted and recomputed.
@@ -154,7 +161,7 @@ def test_a_family_checkpoint_generates_what_transformers_generates(
     # behind the window go back to the pool.
     blocks = 6 if family == "mistral" else 12
     assert family != "mistral" or len(PROMPTS[-1]) + NEW_TOKENS > blocks * 16
-    config = build(RunnerConfig, model=str(tmp_path), dtype="float32", backend=backend,
+    config = build(RunnerConfig, model=str(model_path), dtype="float32", backend=backend,
                    num_blocks=blocks, max_num_seqs=4)  # fmt: skip
     engine = OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=32))
     results = engine.generate(_requests())

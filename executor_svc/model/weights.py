@@ -8,7 +8,6 @@ Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import gguf
@@ -24,26 +23,16 @@ Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 
 log = logging.getLogger(__name__)
 
-_GGUF_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+# The names the model reads, in the order a GGUF name is claimed: Llama's `ffn_norm` is its
+# post-attention norm, Gemma's (whose post-attention norm has a name of its own) the MLP's input.
+_LAYER_NAMES = (
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm",
+    *(f"self_attn.{p}_proj" for p in "qkvo"), *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
+    "mlp.gate", *(f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")),
+)  # fmt: skip
+_GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
+_STACKED_EXPERTS = ".mlp.experts."  # GGUF stacks every expert's matrix in one tensor
 
 
 def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
@@ -102,10 +91,18 @@ def _common_names(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str
 def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     reader = gguf.GGUFReader(path)
     arch = str(reader.fields["general.architecture"].contents())
+    names = _hf_names(arch, info.num_layers)
     weights: Weights = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        if tensor.name not in names:
+            raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
+        name = names[tensor.name]
         value: torch.Tensor | QuantizedWeight
+        if _STACKED_EXPERTS in name:  # dequantized (experts compute on dense weights)
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            for expert, matrix in enumerate(torch.from_numpy(values.astype(np.float32))):
+                weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
+            continue
         if quantized and tensor.tensor_type in BITS:
             value = from_gguf(tensor.data, tensor.tensor_type)
         else:
@@ -119,13 +116,19 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     return weights
 
 
-def _hf_name(gguf_name: str) -> str:
-    if gguf_name in _GGUF_GLOBAL_NAMES:
-        return _GGUF_GLOBAL_NAMES[gguf_name]
-    match = _LAYER.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
-        raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
-    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}"
+def _hf_names(arch: str, layers: int) -> dict[str, str]:
+    """GGUF tensor name -> the name the model reads, by gguf's own table of what each
+    architecture's tensors were converted from."""
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    table = gguf.get_tensor_name_map(model_arch, layers)
+    names: dict[str, str] = {}
+    per_layer = (f"model.layers.{i}.{name}" for i in range(layers) for name in _LAYER_NAMES)
+    for hf in (*_GLOBAL_NAMES, *per_layer):
+        found = table.get_name(hf)
+        if found is not None:
+            for suffix in (".weight", ".bias"):
+                names.setdefault(found + suffix, hf + suffix)
+    return names
 
 
 def _rope_order(rows: int, num_heads: int) -> torch.Tensor:

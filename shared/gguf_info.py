@@ -1,0 +1,128 @@
+"""A GGUF file's model shape and family features, as `ModelInfo` fields, read from its metadata
+as llama.cpp reads it: where llama.cpp fixes a value by architecture rather than storing it
+(Gemma's sliding-layer pattern and attention scale, Gemma 3's local RoPE base), the same value
+unless the file's own key says otherwise. Norm weights of Gemma files already hold their 1 +
+weight (llama.cpp's converter adds it), so no offset is added here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gguf
+
+from turnstile.shared.model_support import UnsupportedModel, check_gguf_fields
+
+Field = Callable[..., Any]  # field(key, default=None): a metadata value
+GEMMA = ("gemma2", "gemma3")
+# llama.cpp's sliding-layer pattern n (a layer slides unless it is the last of each n) and the
+# layer count of the 27B model, whose attention scale comes from hidden / heads.
+_GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+_LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding layers, fixed in llama.cpp
+
+
+def gguf_fields(reader: gguf.GGUFReader, name: str) -> dict[str, Any]:
+    """`ModelInfo`'s fields for the file `reader` reads (`name`: its file name, for errors)."""
+
+    def field(key: str, default: object = None) -> Any:
+        found = reader.fields.get(key)
+        return default if found is None else found.contents()
+
+    arch = str(field("general.architecture"))
+    check_gguf_fields(arch, field, name)
+    tensors = {tensor.name for tensor in reader.tensors}
+    if "rope_freqs.weight" in tensors:  # Llama 3.1's RoPE scaling, as llama.cpp stores it
+        raise UnsupportedModel(f"{name}: tensor rope_freqs.weight is not supported (RoPE "
+                               "frequency factors from GGUF are not read)")  # fmt: skip
+    hidden = int(field(f"{arch}.embedding_length"))
+    heads = int(field(f"{arch}.attention.head_count"))
+    layers = int(field(f"{arch}.block_count"))
+    head_dim = int(field(f"{arch}.attention.key_length", hidden // heads))
+    vocab = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens"))
+    gemma = arch in GEMMA
+    return {
+        "name": str(field("general.name", name)),
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "intermediate_size": int(field(f"{arch}.feed_forward_length")),
+        "num_heads": heads,
+        "num_kv_heads": int(field(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "vocab_size": int(vocab),
+        "max_model_len": int(field(f"{arch}.context_length")),
+        "rope_theta": float(field(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
+        "bos_token_id": int(field("tokenizer.ggml.bos_token_id", 1)),
+        "eos_token_id": int(field("tokenizer.ggml.eos_token_id", 2)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "chat_template": field("tokenizer.chat_template"),
+        "rope_scaling": _rope_scaling(arch, field),
+        "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+        "layer_windows": _layer_windows(arch, field, layers),
+        "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
+        "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
+        "sandwich_norms": gemma,
+        "embed_scale": hidden**0.5 if gemma else 1.0,
+        "local_rope_theta": float(field(f"{arch}.rope.freq_base_swa", _LOCAL_ROPE_BASE))
+        if arch == "gemma3"
+        else 0.0,
+        "final_logit_softcapping": float(field(f"{arch}.final_logit_softcapping", 0.0)),
+        "attn_logit_softcapping": float(field(f"{arch}.attn_logit_softcapping", 0.0)),
+        **_experts(arch, field, layers, tensors),
+    }
+
+
+def _rope_scaling(arch: str, field: Field) -> dict[str, Any] | None:
+    factor = field(f"{arch}.rope.scaling.factor")
+    if field(f"{arch}.rope.scaling.type") != "linear" or not factor:
+        return None
+    return {"rope_type": "linear", "factor": float(factor)}
+
+
+def _layer_windows(arch: str, field: Field, layers: int) -> tuple[int, ...]:
+    """The window on the layers the file's pattern says slide (a bool per layer, or every
+    n-th layer full); without a pattern, Gemma's as llama.cpp fixes it, other families' every
+    layer."""
+    window = int(field(f"{arch}.attention.sliding_window", 0))
+    if not window or window >= int(field(f"{arch}.context_length")):
+        return ()
+    pattern = field(f"{arch}.attention.sliding_window_pattern", _GEMMA_PATTERN.get(arch, 1))
+    if isinstance(pattern, list):
+        slides = [bool(p) for p in pattern]
+    else:
+        slides = [pattern == 1 or i % pattern < pattern - 1 for i in range(layers)]
+    windows = tuple(window if slide else 0 for slide in slides)
+    return windows if any(windows) else ()
+
+
+def _attention_scale(
+    arch: str, field: Field, layers: int, hidden: int, heads: int, head_dim: int
+) -> float:
+    """The file's `attention.scale`; else Gemma's as llama.cpp computes it (its 27B models
+    scale by hidden / heads, the others by the head dim); 0 (head_dim ** -0.5) otherwise."""
+    scale = field(f"{arch}.attention.scale")
+    if scale:
+        return float(scale)
+    if arch not in GEMMA:
+        return 0.0
+    return (hidden / heads if layers == _GEMMA_27B_LAYERS[arch] else head_dim) ** -0.5
+
+
+def _experts(arch: str, field: Field, layers: int, tensors: set[str]) -> dict[str, Any]:
+    count = int(field(f"{arch}.expert_count", 0))
+    if not count:
+        return {}
+    return {
+        "num_experts": count,
+        "experts_per_token": int(field(f"{arch}.expert_used_count")),
+        "expert_intermediate_size": int(
+            field(f"{arch}.expert_feed_forward_length", field(f"{arch}.feed_forward_length"))
+        ),
+        # llama.cpp normalizes Mixtral's and Qwen3-MoE's top-k weights unless the file says not
+        "normalize_expert_weights": bool(field(f"{arch}.expert_weights_norm", True)),
+        "expert_layers": tuple(
+            i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors
+        ),
+    }

@@ -1,0 +1,114 @@
+"""A Hugging Face checkpoint folder written as a float32 GGUF file with the `gguf` package, as
+llama.cpp's convert_hf_to_gguf.py writes each family: tensor names from gguf's own table, a
+Llama-architecture file's q and k rows permuted to llama.cpp's rotary order, Gemma's norm
+weights stored as 1 + weight, each layer's experts stacked in one tensor. Where llama.cpp fixes
+a value by architecture (Gemma's sliding-layer pattern and attention scale) or has no key for it
+(a window on Llama or Qwen layers), the file carries gguf's generic key for it, since these
+small models set them otherwise."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+from turnstile.shared.model_support import layer_windows, rope_parameters
+
+ARCHITECTURES = {
+    "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3",
+}  # fmt: skip
+_EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
+
+
+def write_gguf(folder: Path, path: Path) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    arch = ARCHITECTURES[config["model_type"]]
+    writer = gguf.GGUFWriter(path, arch)
+    _write_metadata(writer, config)
+    table = gguf.get_tensor_name_map(
+        next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch),
+        config["num_hidden_layers"],
+    )
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    experts: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        stacked = _EXPERT.fullmatch(name)
+        if stacked:  # gathered, then written as one tensor per layer and projection
+            experts[f"{stacked[1]}.{stacked[3]}"][int(stacked[2])] = tensor
+            continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            tensor = _permute(tensor, heads if "q_proj" in name else kv_heads)
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            tensor = tensor + 1
+        if arch in ("gemma2", "gemma3") and name == "lm_head.weight":
+            continue  # tied: llama.cpp's converter drops it
+        writer.add_tensor(_gguf_name(table, name), np.ascontiguousarray(tensor))
+    for name, by_expert in experts.items():
+        stack = np.stack([by_expert[e] for e in sorted(by_expert)])
+        writer.add_tensor(_gguf_name(table, name + ".weight"), stack)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _gguf_name(table: gguf.TensorNameMap, name: str) -> str:
+    found = table.get_name(name, try_suffixes=(".weight", ".bias"))
+    assert found is not None, f"gguf has no name for {name}"
+    return found
+
+
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's rotary order: each head's two halves interleaved."""
+    shape = weight.shape
+    return (
+        weight.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    )
+
+
+def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    writer.add_name(config["model_type"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config.get("head_dim") or hidden // heads)
+    writer.add_value_length(config.get("head_dim") or hidden // heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_bos_token_id(config.get("bos_token_id") or 1)
+    writer.add_eos_token_id(config.get("eos_token_id") or 2)
+    rope, local = rope_parameters(config)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if local:
+        writer.add_rope_freq_base_swa(local["rope_theta"])
+    windows = layer_windows(config)
+    if windows:
+        writer.add_sliding_window(max(windows))
+        writer.add_sliding_window_pattern([bool(w) for w in windows])
+    if "query_pre_attn_scalar" in config:
+        writer.add_attention_scale(config["query_pre_attn_scalar"] ** -0.5)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key):
+            writer.add_float32(f"{writer.arch}.{key}", config[key])
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if "moe_intermediate_size" in config:
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "norm_topk_prob" in config:
+            writer.add_expert_weights_norm(config["norm_topk_prob"])

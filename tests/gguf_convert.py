@@ -37,7 +37,10 @@ def write_gguf(folder: Path, path: Path) -> Path:
     )
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     experts: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
-    for name, tensor in load_file(folder / "model.safetensors").items():
+    checkpoint = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        checkpoint.update(load_file(shard))
+    for name, tensor in checkpoint.items():
         stacked = _EXPERT.fullmatch(name)
         if stacked:  # gathered, then written as one tensor per layer and projection
             experts[f"{stacked[1]}.{stacked[3]}"][int(stacked[2])] = tensor

@@ -2,7 +2,7 @@
 `test_model_families.py`, written as GGUF with the `gguf` package as llama.cpp converts it
 (`gguf_convert.py`), generates what transformers generates from the checkpoint (fp32, chunked,
 with a preemption; top logprobs to 1e-4). A file asking for what is not read is refused at start,
-naming the key or tensor."""
+naming the key or tensor. A load reports its progress."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 from gguf_convert import write_gguf
 from test_model_families import _checkpoint, generates_what_transformers_generates
+
+from turnstile.executor_svc.model import load_progress
+from turnstile.executor_svc.model.weights import load_weights
+from turnstile.shared.model_info import read_model_info
 
 pytestmark = pytest.mark.slow  # loads transformers
 
@@ -44,7 +48,6 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
 def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(
     arch: str, key: str | None, value: object, named: str, tmp_path: Path
 ) -> None:
-    from turnstile.shared.model_info import read_model_info
     from turnstile.shared.model_support import UnsupportedModel
 
     writer = gguf.GGUFWriter(tmp_path / "model.gguf", arch)
@@ -59,3 +62,25 @@ def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(
     writer.close()
     with pytest.raises(UnsupportedModel, match=f"model.gguf: {named}"):
         read_model_info(tmp_path / "model.gguf")
+
+
+def test_a_load_reports_its_progress_by_file_and_by_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lines while a sharded folder's files and a GGUF file's tensors load (every one here:
+    the quiet first second and the pause between lines set to 0)."""
+    monkeypatch.setattr(load_progress, "QUIET_S", 0.0)
+    monkeypatch.setattr(load_progress, "EVERY_S", 0.0)
+    _checkpoint("qwen2").save_pretrained(tmp_path / "hf", max_shard_size="300KB")
+    shards = len(list((tmp_path / "hf").glob("*.safetensors")))
+    assert shards > 1
+    gguf_path = write_gguf(tmp_path / "hf", tmp_path / "model.gguf")
+    tensors = len(gguf.GGUFReader(gguf_path).tensors)
+    caplog.set_level("INFO", logger=load_progress.__name__)
+    for path in (tmp_path / "hf", gguf_path):
+        load_weights(path, read_model_info(path))
+    lines = [r.getMessage() for r in caplog.records if r.name == load_progress.__name__]
+    assert lines[0].startswith(f"loading hf: 1/{shards} files")
+    assert lines[shards - 1].startswith(f"loading hf: {shards}/{shards} files (100%")
+    assert lines[-1].startswith(f"loading model.gguf: {tensors}/{tensors} tensors (100%")
+    assert len(lines) == shards + tensors + 1  # the GGUF's: one before each tensor, one at the end

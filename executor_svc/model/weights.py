@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
+from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
@@ -45,8 +46,10 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         if not files:
             raise FileNotFoundError(f"no .safetensors files in {path}")
         weights: dict[str, torch.Tensor] = {}
-        for file in files:
+        progress = LoadProgress(path.name, len(files), "files")
+        for done, file in enumerate(files, 1):
             weights.update(load_file(file))
+            progress.advance(done)
         return _common_names(weights, info)
     cached = derived_path(path, "weights.safetensors")
     if cached.exists():
@@ -93,7 +96,9 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     arch = str(reader.fields["general.architecture"].contents())
     names = _hf_names(arch, info.num_layers)
     weights: Weights = {}
-    for tensor in reader.tensors:
+    progress = LoadProgress(path.name, len(reader.tensors), "tensors")
+    for done, tensor in enumerate(reader.tensors):
+        progress.advance(done)
         if tensor.name not in names:
             raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
         name = names[tensor.name]
@@ -113,6 +118,7 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_kv_heads)]
         weights[name] = value
+    progress.advance(len(reader.tensors))
     return weights
 
 

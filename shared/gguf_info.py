@@ -7,6 +7,7 @@ weight (llama.cpp's converter adds it), so no offset is added here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gguf
@@ -22,8 +23,9 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding layers, fixed in llama.cpp
 
 
-def gguf_fields(reader: gguf.GGUFReader, name: str) -> dict[str, Any]:
-    """`ModelInfo`'s fields for the file `reader` reads (`name`: its file name, for errors)."""
+def gguf_fields(path: Path) -> dict[str, Any]:
+    """`ModelInfo`'s fields for the GGUF file at `path`."""
+    reader, name = gguf.GGUFReader(path), path.name
 
     def field(key: str, default: object = None) -> Any:
         found = reader.fields.get(key)
@@ -42,7 +44,7 @@ def gguf_fields(reader: gguf.GGUFReader, name: str) -> dict[str, Any]:
     vocab = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens"))
     gemma = arch in GEMMA
     return {
-        "name": str(field("general.name", name)),
+        "name": str(field("general.name", path.stem)),
         "num_layers": layers,
         "hidden_size": hidden,
         "intermediate_size": int(field(f"{arch}.feed_forward_length")),

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
 import msgspec
 
 from turnstile.shared.gguf_info import gguf_fields
@@ -188,7 +187,7 @@ def read_model_info(path: Path) -> ModelInfo:
 
 
 def _from_gguf(path: Path) -> ModelInfo:
-    return ModelInfo(**gguf_fields(gguf.GGUFReader(path), path.name))
+    return ModelInfo(**gguf_fields(path))
 
 
 # What vLLM's --generation-config auto takes from generation_config.json.

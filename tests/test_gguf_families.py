@@ -68,7 +68,9 @@ def test_a_load_reports_its_progress_by_file_and_by_tensor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Lines while a sharded folder's files and a GGUF file's tensors load (every one here:
-    the quiet first second and the pause between lines set to 0)."""
+    the quiet first second and the pause between lines set to 0; a cache of its own, so the
+    GGUF file is read, not its dequantized copy from an earlier test)."""
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(load_progress, "QUIET_S", 0.0)
     monkeypatch.setattr(load_progress, "EVERY_S", 0.0)
     _checkpoint("qwen2").save_pretrained(tmp_path / "hf", max_shard_size="300KB")

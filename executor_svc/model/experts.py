@@ -17,14 +17,15 @@ Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 def load_experts(
-    take: Callable[..., Any], prefix: str, info: ModelInfo, rows: slice, act: Activation
-) -> Experts:
+    take: Callable[..., Any], prefix: str, info: ModelInfo, rows: slice, act: Activation,
+    activation_dtype: torch.dtype,
+) -> Experts:  # fmt: skip
     """One layer's experts from the weights under `prefix` ("model.layers.N.mlp."), each
-    expert's inner dimension cut to `rows` (this rank's share); `take(name, rows=, cols=)`
-    gives a weight on the device."""
+    expert's inner dimension cut to `rows` (this rank's share), the router in the
+    activations' dtype; `take(name, as_dtype, rows=, cols=)` gives a weight on the device."""
 
-    def tensor(name: str, **share: slice) -> torch.Tensor:
-        weight = take(prefix + name, **share)
+    def tensor(name: str, *dtype: torch.dtype, **share: slice) -> torch.Tensor:
+        weight = take(prefix + name, *dtype, **share)
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"{prefix + name}: quantized experts are not implemented")
         return weight
@@ -35,7 +36,7 @@ def load_experts(
         for e in experts
     ]
     down = [tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts]
-    return Experts(tensor("gate.weight"), torch.stack(gate_up), torch.stack(down),
+    return Experts(tensor("gate.weight", activation_dtype), torch.stack(gate_up), torch.stack(down),
                    info.experts_per_token, info.normalize_expert_weights, act)  # fmt: skip
 
 
@@ -51,10 +52,10 @@ class Experts:
         normalize: bool,
         act: Activation,
     ) -> None:
-        """`router` [experts, hidden]; `gate_up` [experts, 2 * inner, hidden] (each expert's
-        gate rows, then its up rows); `down` [experts, hidden, inner]: as checkpoints store
-        them. `normalize`: the top-k weights scaled to sum to 1 (Mixtral; Qwen3-MoE's
-        `norm_topk_prob`)."""
+        """`router` [experts, hidden], in the activations' dtype; `gate_up` [experts, 2 *
+        inner, hidden] (each expert's gate rows, then its up rows); `down` [experts, hidden,
+        inner]: as checkpoints store them. `normalize`: the top-k weights scaled to sum to 1
+        (Mixtral; Qwen3-MoE's `norm_topk_prob`)."""
         self.router = router
         # grouped_mm multiplies by [experts, in, out]: the stored matrices, transposed views.
         self.gate_up = gate_up.transpose(1, 2)
@@ -67,7 +68,7 @@ class Experts:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for each row of `x` [tokens, hidden], in x's dtype."""
         # The router's probabilities in float32, as transformers computes them.
-        probs = F.linear(x, self.router.to(x.dtype)).float().softmax(dim=-1)
+        probs = F.linear(x, self.router).float().softmax(dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -141,8 +141,8 @@ class LlamaModel:
             """A layer's dense MLP, or its experts, each expert's rows split as a dense MLP's."""
             if i in info.expert_layers:
                 rows = tp.intermediate(info.expert_intermediate_size)
-                return {"gate_up": None, "down": None,
-                        "experts": load_experts(take, prefix, info, rows, self._act)}  # fmt: skip
+                experts = load_experts(take, prefix, info, rows, self._act, activation_dtype)
+                return {"gate_up": None, "down": None, "experts": experts}
             gate_up = [take(f"{prefix}{p}_proj.weight", rows=inner) for p in ("gate", "up")]
             return {
                 "gate_up": projection(stack_rows(gate_up, dtype), None),

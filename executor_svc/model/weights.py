@@ -103,16 +103,16 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
             raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
         name = names[tensor.name]
         value: torch.Tensor | QuantizedWeight
-        if _STACKED_EXPERTS in name:  # dequantized (experts compute on dense weights)
-            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            for expert, matrix in enumerate(torch.from_numpy(values.astype(np.float32))):
-                weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
-            continue
-        if quantized and tensor.tensor_type in BITS:
+        stacked = _STACKED_EXPERTS in name  # dequantized: experts compute on dense weights
+        if quantized and tensor.tensor_type in BITS and not stacked:
             value = from_gguf(tensor.data, tensor.tensor_type)
         else:
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             value = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
+        if stacked:
+            for expert, matrix in enumerate(value):
+                weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
+            continue
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_heads)]
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

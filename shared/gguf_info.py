@@ -12,9 +12,10 @@ from typing import Any
 
 import gguf
 
-from turnstile.shared.model_support import UnsupportedModel, check_gguf_fields
+from turnstile.shared.model_support import FREQUENCY_FACTORS, ORIGINAL, check_gguf_fields
 
 Field = Callable[..., Any]  # field(key, default=None): a metadata value
+Tensors = dict[str, gguf.ReaderTensor]
 GEMMA = ("gemma2", "gemma3")
 # llama.cpp's sliding-layer pattern n (a layer slides unless it is the last of each n) and the
 # layer count of the 27B model, whose attention scale comes from hidden / heads.
@@ -33,10 +34,7 @@ def gguf_fields(path: Path) -> dict[str, Any]:
 
     arch = str(field("general.architecture"))
     check_gguf_fields(arch, field, name)
-    tensors = {tensor.name for tensor in reader.tensors}
-    if "rope_freqs.weight" in tensors:  # Llama 3.1's RoPE scaling, as llama.cpp stores it
-        raise UnsupportedModel(f"{name}: tensor rope_freqs.weight is not supported (RoPE "
-                               "frequency factors from GGUF are not read)")  # fmt: skip
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
     hidden = int(field(f"{arch}.embedding_length"))
     heads = int(field(f"{arch}.attention.head_count"))
     layers = int(field(f"{arch}.block_count"))
@@ -60,23 +58,42 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "chat_template": field("tokenizer.chat_template"),
-        "rope_scaling": _rope_scaling(arch, field),
+        "rope_scaling": _rope_scaling(arch, field, tensors),
         "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
         "layer_windows": _layer_windows(arch, field, layers),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
         "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
         "sandwich_norms": gemma,
-        "embed_scale": hidden**0.5 if gemma else 1.0,
+        "embed_scale": hidden**0.5 if gemma else float(field(f"{arch}.embedding_scale", 1.0)),
         "local_rope_theta": float(field(f"{arch}.rope.freq_base_swa", _LOCAL_ROPE_BASE))
         if arch == "gemma3"
         else 0.0,
         "final_logit_softcapping": float(field(f"{arch}.final_logit_softcapping", 0.0)),
         "attn_logit_softcapping": float(field(f"{arch}.attn_logit_softcapping", 0.0)),
+        "residual_multiplier": float(field(f"{arch}.residual_scale", 1.0)),
+        "logits_scaling": float(field(f"{arch}.logit_scale", 1.0)),
         **_experts(arch, field, layers, tensors),
     }
 
 
-def _rope_scaling(arch: str, field: Field) -> dict[str, Any] | None:
+def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] | None:
+    """Linear scaling from its keys; llama.cpp stores Llama 3.1's scaling as each frequency's
+    divisor (`rope_freqs`) and Phi-3's longrope as its two factor lists, with the attention
+    factor and original context as keys: read back as transformers' longrope parameters."""
+
+    def factors(tensor: str) -> list[float]:
+        return [float(f) for f in tensors[tensor].data]
+
+    if "rope_freqs.weight" in tensors:
+        return {"rope_type": FREQUENCY_FACTORS, "factors": factors("rope_freqs.weight")}
+    if "rope_factors_long.weight" in tensors:
+        return {
+            "rope_type": "longrope",
+            "long_factor": factors("rope_factors_long.weight"),
+            "short_factor": factors("rope_factors_short.weight"),
+            ORIGINAL: int(field(f"{arch}.rope.scaling.original_context_length")),
+            "attention_factor": float(field(f"{arch}.rope.scaling.attn_factor", 1.0)),
+        }
     factor = field(f"{arch}.rope.scaling.factor")
     if field(f"{arch}.rope.scaling.type") != "linear" or not factor:
         return None
@@ -112,7 +129,7 @@ def _attention_scale(
     return (hidden / heads if layers == _GEMMA_27B_LAYERS[arch] else head_dim) ** -0.5
 
 
-def _experts(arch: str, field: Field, layers: int, tensors: set[str]) -> dict[str, Any]:
+def _experts(arch: str, field: Field, layers: int, tensors: Tensors) -> dict[str, Any]:
     count = int(field(f"{arch}.expert_count", 0))
     if not count:
         return {}

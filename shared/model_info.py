@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from turnstile.shared import gguf_info, model_support
 from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
     check_hf_config,
@@ -111,6 +112,10 @@ class ModelInfo:
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
+    # Granite's: the attention's and the MLP's outputs scaled before their residual adds, and
+    # the logits divided.
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     # Mixture of experts (`model_support.mixture_of_experts`); 0 experts: a dense MLP.
     num_experts: int = 0
     experts_per_token: int = 0
@@ -138,11 +143,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TURNSTILE_CACHE") or Path.home() / ".cache" / "turnstile")
 
 
-def derived_path(model: Path, name: str) -> Path:
+def derived_path(model: Path, name: str, readers: tuple[str, ...] = ()) -> Path:
     """A cache file derived from `model`, keyed by the file's content: a changed model misses,
     and the same model installed again (a fresh venv: new path, new mtime) hits, so the cache
-    holds one copy of the dequantized weights per model, not one per install."""
+    holds one copy of the dequantized weights per model, not one per install. With `readers`,
+    the source files of the code deriving it, also keyed by their content: a newer reading is
+    never hidden by an older one's file (which `write_derived` then removes)."""
+    if readers:
+        kind, dot, suffix = name.partition(".")
+        code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in readers)).hexdigest()
+        name = f"{kind}-{code[:12]}{dot}{suffix}"
     return cache_dir() / f"{model.stem}-{content_digest(model)[:16]}" / name
+
+
+def write_derived(path: Path, data: bytes) -> bool:
+    """`write_atomically`, then the files an older reading derived alike removed."""
+    if not write_atomically(path, data):
+        return False
+    kind = path.name.partition("-")[0]
+    for older in path.parent.glob(f"{kind}*{path.suffix}"):
+        if older != path and older.name.startswith((f"{kind}-", f"{kind}.")):
+            older.unlink(missing_ok=True)
+    return True
 
 
 def content_digest(model: Path) -> str:
@@ -177,12 +199,13 @@ def write_atomically(path: Path, data: bytes) -> bool:
 def read_model_info(path: Path) -> ModelInfo:
     if path.suffix != ".gguf":
         return _from_hf_directory(path)
-    # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once.
-    cached = derived_path(path, "info.json")
+    # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once (per
+    # version of the code that reads it).
+    cached = derived_path(path, "info.json", (__file__, gguf_info.__file__, model_support.__file__))
     if cached.exists():
         return msgspec.json.decode(cached.read_bytes(), type=ModelInfo)
     info = _from_gguf(path)
-    write_atomically(cached, msgspec.json.encode(info))
+    write_derived(cached, msgspec.json.encode(info))
     return info
 
 

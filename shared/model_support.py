@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma2", "gemma3_text", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3",
-            "qwen3_moe")  # fmt: skip
+FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "phi3", "qwen2",
+            "qwen3", "qwen3_moe")  # fmt: skip
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
@@ -17,7 +17,7 @@ QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # sliding windows from `max_win
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
 # checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
-GGUF_ARCHITECTURES = ("gemma2", "gemma3", "llama", "qwen2", "qwen3", "qwen3moe")
+GGUF_ARCHITECTURES = ("gemma2", "gemma3", "granite", "llama", "phi3", "qwen2", "qwen3", "qwen3moe")
 SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX: routed as transformers routes
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
@@ -25,6 +25,9 @@ ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "yarn")
 # Those scaled from an original context length, which transformers requires.
 NEEDS_ORIGINAL = ("llama3", "longrope", "yarn")
 ORIGINAL = "original_max_position_embeddings"
+# Not transformers': a GGUF file's RoPE as llama.cpp stores Llama 3.1's, each default frequency
+# divided by its factor (`gguf_info.py`; a config.json asking for it is refused).
+FREQUENCY_FACTORS = "frequency_factors"
 
 
 class UnsupportedModel(ValueError):
@@ -70,15 +73,20 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
     family = config["model_type"]
     gemma = family in GEMMA_FAMILIES
     _, local = rope_parameters(config)
+    # transformers' default for both Gemmas where the config leaves it out
+    scale = config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else 0.0
     return {
         "hidden_act": activation(config),
         "qk_norm": family in QK_NORM_FAMILIES,
         "layer_windows": layer_windows(config),
-        # transformers' default for both Gemmas where the config leaves it out
-        "attention_scale": config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else 0.0,
+        "attention_scale": config.get("attention_multiplier", scale),
         "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
         "sandwich_norms": gemma,
-        "embed_scale": config["hidden_size"] ** 0.5 if gemma else 1.0,
+        "embed_scale": config["hidden_size"] ** 0.5
+        if gemma
+        else config.get("embedding_multiplier", 1.0),
+        "residual_multiplier": config.get("residual_multiplier", 1.0),
+        "logits_scaling": config.get("logits_scaling", 1.0),
         "local_rope_theta": float(local["rope_theta"]) if local else 0.0,
         "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
         "attn_logit_softcapping": float(config.get("attn_logit_softcapping") or 0.0),
@@ -170,6 +178,12 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
     scaling = field(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none", "linear"):
         _refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear")
+    rotated = field(f"{arch}.rope.dimension_count")
+    heads = field(f"{arch}.attention.head_count")
+    head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
+    if rotated not in (None, head_dim):
+        _refuse(source, f"{arch}.rope.dimension_count", rotated,
+                f"RoPE on part of a head ({head_dim} dims): not implemented")  # fmt: skip
     shared = field(f"{arch}.expert_shared_count")
     if shared:
         _refuse(source, f"{arch}.expert_shared_count", shared, "shared experts: not implemented")

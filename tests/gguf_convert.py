@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint folder written as a float32 GGUF file with the `gguf` package, as
 llama.cpp's convert_hf_to_gguf.py writes each family: tensor names from gguf's own table, a
 Llama-architecture file's q and k rows permuted to llama.cpp's rotary order, Gemma's norm
-weights stored as 1 + weight, each layer's experts stacked in one tensor. Where llama.cpp fixes
+weights stored as 1 + weight, each layer's experts stacked in one tensor, Phi-3's fused
+matrices kept fused, Llama 3's and Phi-3's RoPE factors as tensors. Where llama.cpp fixes
 a value by architecture (Gemma's sliding-layer pattern and attention scale) or has no key for it
 (a window on Llama or Qwen layers), the file carries gguf's generic key for it, since these
 small models set them otherwise."""
@@ -9,6 +10,7 @@ small models set them otherwise."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -21,8 +23,10 @@ from turnstile.shared.model_support import layer_windows, rope_parameters
 
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-    "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3",
+    "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
+    "granite": "granite",
 }  # fmt: skip
+_PERMUTED = ("llama", "granite")  # q and k rows in llama.cpp's rotary order
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
 
 
@@ -45,7 +49,7 @@ def write_gguf(folder: Path, path: Path) -> Path:
         if stacked:  # gathered, then written as one tensor per layer and projection
             experts[f"{stacked[1]}.{stacked[3]}"][int(stacked[2])] = tensor
             continue
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
             tensor = _permute(tensor, heads if "q_proj" in name else kv_heads)
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             tensor = tensor + 1
@@ -55,11 +59,38 @@ def write_gguf(folder: Path, path: Path) -> Path:
     for name, by_expert in experts.items():
         stack = np.stack([by_expert[e] for e in sorted(by_expert)])
         writer.add_tensor(_gguf_name(table, name + ".weight"), stack)
+    for name, factors in _rope_factors(config).items():
+        writer.add_tensor(name, np.array(factors, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _rope_factors(config: dict) -> dict[str, list[float]]:
+    """Llama 3's scaling as each frequency's divisor (`rope_freqs`), computed as llama.cpp's
+    converter does; Phi-3's longrope factor lists as they are."""
+    rope, _ = rope_parameters(config)
+    if rope.get("rope_type") == "longrope":
+        return {"rope_factors_long.weight": rope["long_factor"],
+                "rope_factors_short.weight": rope["short_factor"]}  # fmt: skip
+    if rope.get("rope_type") != "llama3":
+        return {}
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    original, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    factors = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (i / dim)
+        if wavelen < original / high:
+            factors.append(1.0)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return {"rope_freqs.weight": factors}
 
 
 def _gguf_name(table: gguf.TensorNameMap, name: str) -> str:
@@ -87,6 +118,7 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(config.get("head_dim") or hidden // heads)
     writer.add_value_length(config.get("head_dim") or hidden // heads)
+    writer.add_rope_dimension_count(config.get("head_dim") or hidden // heads)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_bos_token_id(config.get("bos_token_id") or 1)
@@ -96,6 +128,13 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "longrope":
+        original = rope["original_max_position_embeddings"]
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        )
     if local:
         writer.add_rope_freq_base_swa(local["rope_theta"])
     windows = layer_windows(config)
@@ -104,6 +143,11 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
         writer.add_sliding_window_pattern([bool(w) for w in windows])
     if "query_pre_attn_scalar" in config:
         writer.add_attention_scale(config["query_pre_attn_scalar"] ** -0.5)
+    if config["model_type"] == "granite":
+        writer.add_attention_scale(config["attention_multiplier"])
+        writer.add_embedding_scale(config["embedding_multiplier"])
+        writer.add_residual_scale(config["residual_multiplier"])
+        writer.add_logit_scale(config["logits_scaling"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if config.get(key):
             writer.add_float32(f"{writer.arch}.{key}", config[key])

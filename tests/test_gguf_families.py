@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 from gguf_convert import write_gguf
 from test_model_families import _checkpoint, generates_what_transformers_generates
@@ -21,11 +20,19 @@ from turnstile.shared.model_info import read_model_info
 pytestmark = pytest.mark.slow  # loads transformers
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's files read and dequantized in a cache of its own, not left in the user's."""
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
+
+
 # Mistral and Mixtral are llama.cpp's "llama" architecture; Qwen3-MoE with experts on every
 # layer, as llama.cpp's qwen3moe has them.
-@pytest.mark.parametrize(
-    "family", ["linear", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe"]
-)
+FAMILIES = ["linear", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite",
+            "mixtral", "qwen3_moe"]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_family_gguf_file_generates_what_transformers_generates(
     family: str, tmp_path: Path
 ) -> None:
@@ -38,11 +45,11 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
 @pytest.mark.parametrize(
     ("arch", "key", "value", "named"),
     [
-        ("phi3", None, None, "general.architecture = 'phi3'"),
+        ("olmo2", None, None, "general.architecture = 'olmo2'"),
         ("llama", "llama.rope.scaling.type", "yarn", "llama.rope.scaling.type = 'yarn'"),
         ("qwen3moe", "qwen3moe.expert_shared_count", 1, "qwen3moe.expert_shared_count = 1"),
         ("llama", "llama.expert_gating_func", 2, "llama.expert_gating_func = 2"),
-        ("llama", None, None, "tensor rope_freqs.weight"),
+        ("phi3", "phi3.rope.dimension_count", 6, "phi3.rope.dimension_count = 6"),
     ],
 )
 def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(
@@ -51,11 +58,12 @@ def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(
     from turnstile.shared.model_support import UnsupportedModel
 
     writer = gguf.GGUFWriter(tmp_path / "model.gguf", arch)
+    writer.add_embedding_length(64)
+    writer.add_head_count(8)
     if isinstance(value, str):
         writer.add_string(key, value)  # type: ignore[arg-type]
     elif value is not None:
         writer.add_uint32(key, value)  # type: ignore[arg-type]
-    writer.add_tensor("rope_freqs.weight", np.ones(8, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -68,9 +76,7 @@ def test_a_load_reports_its_progress_by_file_and_by_tensor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Lines while a sharded folder's files and a GGUF file's tensors load (every one here:
-    the quiet first second and the pause between lines set to 0; a cache of its own, so the
-    GGUF file is read, not its dequantized copy from an earlier test)."""
-    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
+    the quiet first second and the pause between lines set to 0)."""
     monkeypatch.setattr(load_progress, "QUIET_S", 0.0)
     monkeypatch.setattr(load_progress, "EVERY_S", 0.0)
     _checkpoint("qwen2").save_pretrained(tmp_path / "hf", max_shard_size="300KB")
@@ -86,3 +92,26 @@ def test_a_load_reports_its_progress_by_file_and_by_tensor(
     assert lines[shards - 1].startswith(f"loading hf: {shards}/{shards} files (100%")
     assert lines[-1].startswith(f"loading model.gguf: {tensors}/{tensors} tensors (100%")
     assert len(lines) == shards + tensors + 1  # the GGUF's: one before each tensor, one at the end
+
+
+@pytest.mark.parametrize(("family", "positions"), [("phi3", [3, 255, 256, 511]),
+                                                   ("llama3", [3, 40, 200, 511])])  # fmt: skip
+def test_a_gguf_files_rope_factors_rotate_each_position_as_transformers_does(
+    family: str, positions: list[int], tmp_path: Path
+) -> None:
+    """Llama 3's scaling read back from each frequency's divisor, Phi-3's longrope from its
+    factor tensors and attention factor (the long factors past 256 positions, which the
+    generation test above does not reach): transformers' rotary embedding, position by
+    position (3e-5: transformers' float32 frequencies, times 511, drift 1e-5 from exact)."""
+    import torch
+
+    from turnstile.executor_svc.model.rope import rope_rotations
+
+    model = _checkpoint(family)
+    model.save_pretrained(tmp_path / "hf")
+    rotations = rope_rotations(read_model_info(write_gguf(tmp_path / "hf", tmp_path / "m.gguf")))
+    for position in positions:
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 1, 128), torch.tensor([[position]]))
+        half = cos.shape[-1] // 2
+        torch.testing.assert_close(rotations[position].real, cos[0, 0, :half], atol=3e-5, rtol=0)
+        torch.testing.assert_close(rotations[position].imag, sin[0, 0, :half], atol=3e-5, rtol=0)

@@ -107,6 +107,11 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
         model = transformers.Qwen3MoeForCausalLM(config)
         routers = ("gate.weight", "q_norm.weight", "k_norm.weight")  # a zero router ties
         _randomize(p for n, p in model.named_parameters() if n.endswith(routers))
+    elif family == "granite":  # embeddings, scores, residual adds and logits scaled
+        config = transformers.GraniteConfig(**SHAPE, embedding_multiplier=3.0,
+                                            attention_multiplier=0.05, residual_multiplier=0.4,
+                                            logits_scaling=1.5)  # fmt: skip
+        model = transformers.GraniteForCausalLM(config)
     else:  # Llama with each RoPE scaling
         shape = {**SHAPE, "max_position_embeddings": 96} if family == "dynamic" else SHAPE
         config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=SCALINGS[family])
@@ -137,8 +142,8 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize(
     "family",
-    ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "llama3",
-     "linear", "yarn", "dynamic"],
+    ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite", "mixtral", "qwen3_moe",
+     "llama3", "linear", "yarn", "dynamic"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from turnstile.executor_svc.model.rope import rope_rotations
-from turnstile.shared.model_info import derived_path, embedded_model_path, read_model_info
+from turnstile.shared.model_info import (
+    derived_path,
+    embedded_model_path,
+    read_model_info,
+    write_derived,
+)
 from turnstile.shared.tokenizer import Tokenizer
 
 
@@ -57,6 +62,29 @@ def test_derived_caches_follow_the_model_files_content_not_its_install(
     first.write_bytes(b"weightz")
     os.utime(first, ns=(first.stat().st_mtime_ns + 1, first.stat().st_mtime_ns + 1))
     assert derived_path(first, "w") == derived_path(changed, "w")
+
+
+def test_a_cache_derived_by_older_code_is_neither_read_nor_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer Turnstile reading a file differently (a key it now reads) must not be handed the
+    older reading's cached copy; once the newer copy is written the older goes (a dequantized
+    copy is as large as the model)."""
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
+    model, reader = tmp_path / "model.gguf", tmp_path / "reader.py"
+    model.write_bytes(b"weights")
+    reader.write_text("old reading")
+    old = derived_path(model, "weights.safetensors", (str(reader),))
+    assert write_derived(old, b"old")
+    legacy = old.with_name("weights.safetensors")  # before caches were keyed by their readers
+    legacy.write_bytes(b"older")
+    other = old.with_name("tokenizer.json")
+    other.write_bytes(b"kept")
+    reader.write_text("new reading")
+    new = derived_path(model, "weights.safetensors", (str(reader),))
+    assert new != old and new.parent == old.parent and not new.exists()
+    assert write_derived(new, b"new")
+    assert sorted(p.name for p in new.parent.iterdir()) == sorted([new.name, other.name])
 
 
 @pytest.mark.slow

@@ -256,13 +256,19 @@ class LlamaModel:
         self, hidden: torch.Tensor, projection: Projection, x: torch.Tensor,
         out_norm: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
-        """hidden + projection(x), the projection normed first where the family norms it (Gemma).
+        """hidden + projection(x), the projection normed first where the family norms it (Gemma)
+        and scaled where it scales it (Granite).
         Row-parallel: each rank's partial sum, the residual added once, then summed."""
-        if out_norm is not None:
-            return hidden + self._rms_norm(self.tp.all_reduce(projection(x)), out_norm)
-        return self.tp.all_reduce(projection(x, hidden if self.tp.first else None))
+        multiplier = self.info.residual_multiplier
+        if out_norm is None and multiplier == 1:
+            return self.tp.all_reduce(projection(x, hidden if self.tp.first else None))
+        out = self.tp.all_reduce(projection(x))
+        out = out if out_norm is None else self._rms_norm(out, out_norm)
+        return hidden + (out if multiplier == 1 else out * multiplier)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.gather_vocab(self.lm_head(hidden).float(), self.info.vocab_size)
+        if self.info.logits_scaling != 1:
+            logits = logits / self.info.logits_scaling
         cap = self.info.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap

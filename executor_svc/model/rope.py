@@ -1,8 +1,9 @@
 """Rotary position embedding: each position's rotation of each frequency, as cos + i sin.
 
-The plain frequencies are computed here; a scaled RoPE (linear, llama3, yarn, longrope) takes
-its frequencies and its attention factor from transformers' own functions, so it is exactly
-what the model was trained with (transformers is imported only for such a model). Dynamic NTK,
+The plain frequencies are computed here, and those a GGUF file divides by its factors; a
+scaled RoPE (linear, llama3, yarn, longrope) takes its frequencies and its attention factor
+from transformers' own functions, so it is exactly what the model was trained with
+(transformers is imported only for such a model). Dynamic NTK,
 whose frequencies grow with the sequence, rotates each position as transformers rotates a
 sequence's newest token there (`_dynamic_ntk_angles`).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from turnstile.shared.model_info import ModelInfo
-from turnstile.shared.model_support import rope_type
+from turnstile.shared.model_support import FREQUENCY_FACTORS, rope_type
 
 
 def rope_rotations(info: ModelInfo) -> torch.Tensor:
@@ -56,9 +57,12 @@ def _dynamic_ntk_angles(info: ModelInfo, positions: torch.Tensor) -> torch.Tenso
 
 def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     kind = rope_type(info.rope_scaling)
-    if kind == "default":
+    if kind in ("default", FREQUENCY_FACTORS):
         exponents = torch.arange(0, info.head_dim, 2, dtype=torch.float64) / info.head_dim
-        return 1.0 / (info.rope_theta**exponents), 1.0
+        inv_freq = 1.0 / (info.rope_theta**exponents)
+        if kind == FREQUENCY_FACTORS:  # a GGUF file's Llama 3.1 scaling
+            inv_freq /= torch.tensor(info.rope_scaling["factors"], dtype=torch.float64)
+        return inv_freq, 1.0
     from transformers import PretrainedConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
-from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
+from turnstile.shared.model_info import ModelInfo, derived_path, write_derived
 
 Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 
@@ -29,11 +29,16 @@ log = logging.getLogger(__name__)
 _LAYER_NAMES = (
     "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
     "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm",
-    *(f"self_attn.{p}_proj" for p in "qkvo"), *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
-    "mlp.gate", *(f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")),
+    *(f"self_attn.{p}_proj" for p in "qkvo"), "self_attn.qkv_proj",
+    *(f"mlp.{p}_proj" for p in ("gate", "up", "down")), "mlp.gate",
+    *(f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")),
 )  # fmt: skip
 _GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
 _STACKED_EXPERTS = ".mlp.experts."  # GGUF stacks every expert's matrix in one tensor
+# RoPE factors, read with the model's shape (`gguf_info.py`), not weights.
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# Architectures whose q and k rows llama.cpp's converter interleaves (`_rope_order`).
+_PERMUTED = ("llama", "granite")
 
 
 def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
@@ -51,11 +56,11 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
             weights.update(load_file(file))
             progress.advance(done)
         return _common_names(weights, info)
-    cached = derived_path(path, "weights.safetensors")
+    cached = derived_path(path, "weights.safetensors", (__file__,))
     if cached.exists():
         return load_file(cached)
     weights = read_gguf(path, info)
-    if write_atomically(cached, save(weights)):
+    if write_derived(cached, save(weights)):
         log.info("cached dequantized weights in %s", cached)
     return weights
 
@@ -70,24 +75,31 @@ _MIXTRAL_NAMES = {
 
 
 def _common_names(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str, torch.Tensor]:
-    """Every family's weights under the names the model reads. Phi-3 stores q, k and v as one
-    `qkv_proj` and gate and up as one `gate_up_proj`: named apart (views), as the other
-    families store them; Mixtral's experts are renamed."""
+    """Every family's weights under the names the model reads: Mixtral's experts renamed,
+    Phi-3's fused matrices split."""
     for name in [n for n in weights if ".block_sparse_moe." in n]:
         new = name
         for old, common in _MIXTRAL_NAMES.items():
             new = new.replace(old, common)
         weights[new] = weights.pop(name)
+    return _split_fused(weights, info)  # type: ignore[return-value]
+
+
+def _split_fused(weights: Weights, info: ModelInfo) -> Weights:
+    """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
+    apart (row slices: views, or a quantized weight's rows), as the other families store them."""
     q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
     for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
         fused = weights.pop(name)
         if name.endswith("qkv_proj.weight"):
-            parts = dict(zip("qkv", fused.split((q_rows, kv_rows, kv_rows)), strict=True))
-            weights.update({name.replace("qkv_proj", f"{p}_proj"): w for p, w in parts.items()})
+            ends = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows),
+                    "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}  # fmt: skip
+            for part, (start, stop) in ends.items():
+                weights[name.replace("qkv_proj", f"{part}_proj")] = fused[start:stop]
         else:
-            gate, up = fused.chunk(2)
-            weights[name.replace("gate_up_proj", "gate_proj")] = gate
-            weights[name.replace("gate_up_proj", "up_proj")] = up
+            half = fused.shape[0] // 2
+            weights[name.replace("gate_up_proj", "gate_proj")] = fused[:half]
+            weights[name.replace("gate_up_proj", "up_proj")] = fused[half:]
     return weights
 
 
@@ -99,6 +111,8 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     progress = LoadProgress(path.name, len(reader.tensors), "tensors")
     for done, tensor in enumerate(reader.tensors):
         progress.advance(done)
+        if tensor.name in _ROPE_TENSORS:
+            continue
         if tensor.name not in names:
             raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
         name = names[tensor.name]
@@ -113,13 +127,13 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
             for expert, matrix in enumerate(value):
                 weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
             continue
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in _PERMUTED and name.endswith(("q_proj.weight", "q_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_heads)]
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif arch in _PERMUTED and name.endswith(("k_proj.weight", "k_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_kv_heads)]
         weights[name] = value
     progress.advance(len(reader.tensors))
-    return weights
+    return _split_fused(weights, info)
 
 
 def _hf_names(arch: str, layers: int) -> dict[str, str]:
@@ -128,7 +142,11 @@ def _hf_names(arch: str, layers: int) -> dict[str, str]:
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     table = gguf.get_tensor_name_map(model_arch, layers)
     names: dict[str, str] = {}
-    per_layer = (f"model.layers.{i}.{name}" for i in range(layers) for name in _LAYER_NAMES)
+    # llama.cpp keeps Phi-3's gate and up fused as its `ffn_up`: claimed before `up_proj`
+    first = ("mlp.gate_up_proj",) if arch == "phi3" else ()
+    per_layer = (
+        f"model.layers.{i}.{name}" for i in range(layers) for name in (*first, *_LAYER_NAMES)
+    )
     for hf in (*_GLOBAL_NAMES, *per_layer):
         found = table.get_name(hf)
         if found is not None:

@@ -30,7 +30,8 @@ _PERMUTED = ("llama", "granite")  # q and k rows in llama.cpp's rotary order
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
 
 
-def write_gguf(folder: Path, path: Path) -> Path:
+def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | None = None) -> Path:
+    """With `blocks`, the layers' matrices are stored in that block type (the rest float32)."""
     config = json.loads((folder / "config.json").read_text())
     arch = ARCHITECTURES[config["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
@@ -55,6 +56,10 @@ def write_gguf(folder: Path, path: Path) -> Path:
             tensor = tensor + 1
         if arch in ("gemma2", "gemma3") and name == "lm_head.weight":
             continue  # tied: llama.cpp's converter drops it
+        if blocks is not None and ".layers." in name and tensor.ndim == 2:
+            data = gguf.quants.quantize(np.ascontiguousarray(tensor), blocks)
+            writer.add_tensor(_gguf_name(table, name), data, raw_dtype=blocks)
+            continue
         writer.add_tensor(_gguf_name(table, name), np.ascontiguousarray(tensor))
     for name, by_expert in experts.items():
         stack = np.stack([by_expert[e] for e in sorted(by_expert)])

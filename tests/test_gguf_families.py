@@ -15,6 +15,7 @@ from test_model_families import _checkpoint, generates_what_transformers_generat
 
 from turnstile.executor_svc.model import load_progress
 from turnstile.executor_svc.model.weights import load_weights
+from turnstile.kernels.quantized_weights import QuantizedWeight
 from turnstile.shared.model_info import read_model_info
 
 pytestmark = pytest.mark.slow  # loads transformers
@@ -115,3 +116,20 @@ def test_a_gguf_files_rope_factors_rotate_each_position_as_transformers_does(
         half = cos.shape[-1] // 2
         torch.testing.assert_close(rotations[position].real, cos[0, 0, :half], atol=3e-5, rtol=0)
         torch.testing.assert_close(rotations[position].imag, sin[0, 0, :half], atol=3e-5, rtol=0)
+
+
+def test_a_quantized_phi3_files_fused_matrices_are_split_in_their_blocks(tmp_path: Path) -> None:
+    """Phi-3's qkv and gate-up matrices kept in their Q8_0 blocks are split by rows as the
+    dequantized file's are: each part's blocks hold the dequantized part's values."""
+    import torch
+
+    _checkpoint("phi3").save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
+    info = read_model_info(path)
+    dense, kept = load_weights(path, info), load_weights(path, info, quantized=True)
+    assert dense.keys() == kept.keys()
+    parts = [f"model.layers.{i}.{p}_proj.weight" for i in range(info.num_layers)
+             for p in ("self_attn.q", "self_attn.k", "self_attn.v", "mlp.gate", "mlp.up")]  # fmt: skip
+    for name in parts:
+        assert isinstance(kept[name], QuantizedWeight), name
+        torch.testing.assert_close(kept[name].dequantize(), dense[name], atol=0, rtol=0)

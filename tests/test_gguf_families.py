@@ -128,8 +128,8 @@ def test_a_quantized_phi3_files_fused_matrices_are_split_in_their_blocks(tmp_pat
     info = read_model_info(path)
     dense, kept = load_weights(path, info), load_weights(path, info, quantized=True)
     assert dense.keys() == kept.keys()
-    parts = [f"model.layers.{i}.{p}_proj.weight" for i in range(info.num_layers)
-             for p in ("self_attn.q", "self_attn.k", "self_attn.v", "mlp.gate", "mlp.up")]  # fmt: skip
+    names = ("self_attn.q", "self_attn.k", "self_attn.v", "mlp.gate", "mlp.up")
+    parts = [f"model.layers.{i}.{p}_proj.weight" for i in range(info.num_layers) for p in names]
     for name in parts:
         assert isinstance(kept[name], QuantizedWeight), name
         torch.testing.assert_close(kept[name].dequantize(), dense[name], atol=0, rtol=0)

@@ -56,8 +56,11 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
     import transformers
 
     torch.manual_seed(0)
-    if family == "qwen2":  # q, k and v biases
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE, rope_theta=1e6))
+    if family == "qwen2":  # q, k and v biases; the second layer slides over 24 tokens
+        config = transformers.Qwen2Config(**SHAPE, rope_theta=1e6, use_sliding_window=True,
+                                          sliding_window=24, max_window_layers=1)  # fmt: skip
+        assert config.layer_types == ["full_attention", "sliding_attention"]
+        model = transformers.Qwen2ForCausalLM(config)
         _randomize(p for n, p in model.named_parameters() if n.endswith("bias"))
     elif family == "qwen3":  # q/k norm; the second layer slides over 24 tokens
         config = transformers.Qwen3Config(**SHAPE, head_dim=48, use_sliding_window=True,

@@ -114,6 +114,10 @@ class BlockPool:
         valid &= self._parent_stamp[blocks] == parents
         return found if valid.all() else found[: int(np.argmin(valid))]
 
+    def cached_tokens(self, block: int) -> np.ndarray | None:
+        """The tokens a prefix lookup takes the block to hold; None if it is not published."""
+        return None if self._stamp[block] == _NOT_CACHED else self._tokens[block]
+
     def share(self, blocks: list[int]) -> None:
         """Take a reference on cached blocks, pulling idle ones out of the free queue."""
         for block in blocks:

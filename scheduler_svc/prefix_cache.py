@@ -31,7 +31,9 @@ class PrefixCache:
     def publish(self, slot: int) -> None:
         """Offer the row's newly completed blocks to later requests. The scheduler calls it for
         rows that prefilled this step and for rows leaving the batch; decode steps skip it,
-        since a block filled by decoding is only worth sharing once its owner is done."""
+        since a block filled by decoding is only worth sharing once its owner is done. Blocks
+        the row gave back behind a sliding window are never published: another request may
+        hold them already, and a later prefix would be handed its KV."""
         batch = self.batch
         block_size = batch.block_size
         start, full = int(batch.num_hashed[slot]), int(batch.num_computed[slot]) // block_size
@@ -41,11 +43,12 @@ class PrefixCache:
         hashes = chain_hashes(tokens, block_size, int(batch.last_hash[slot]))
         table = batch.block_table[slot]
         parents = table[start - 1 : full - 1] if start else np.r_[-1, table[: full - 1]]
+        held = slice(max(int(batch.num_released[slot]) - start, 0), None)
         self.pool.cache(
-            table[start:full],
-            np.array(hashes, dtype=np.uint64),
-            parents,
-            tokens.reshape(-1, block_size),
+            table[start:full][held],
+            np.array(hashes, dtype=np.uint64)[held],
+            parents[held],
+            tokens.reshape(-1, block_size)[held],
         )
         batch.last_hash[slot] = hashes[-1]
         batch.num_hashed[slot] = full

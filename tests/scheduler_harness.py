@@ -156,6 +156,12 @@ class Harness:
             assert released * batch.block_size <= max(0, int(batch.num_computed[slot]) - window + 1)
             # Block tables cover exactly the computed tokens.
             assert len(blocks) == cdiv(int(batch.num_computed[slot]), batch.block_size)
+            # A held block a prefix lookup would return holds the tokens it is published with.
+            size = batch.block_size
+            for i in range(released, int(batch.num_computed[slot]) // size):
+                published = pool.cached_tokens(int(blocks[i]))
+                if published is not None:
+                    assert (published == batch.tokens[slot, i * size : (i + 1) * size]).all()
         # Every block is free xor owned, with the right reference count.
         assert (pool.ref_count == owners).all()
         for block in range(pool.num_blocks):

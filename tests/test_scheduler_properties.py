@@ -162,3 +162,28 @@ def test_preemption_happens_under_pressure_and_outputs_stay_exact(
             expected_output(i, lengths[i], 30)[0],
             ["stop"],
         )
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_blocks_given_back_behind_a_window_are_never_published(ahead: int) -> None:
+    """Found by the machine above: a row that had given blocks back behind its sliding window
+    later published them, by then another request's (a prefix lookup would have handed a
+    later request that one's KV) or blank (the next hit broke the pool). Request 0 decodes
+    past its window, request 1 takes the blocks it gave back, request 2 repeats 0's prompt."""
+    config = build(SchedulerConfig, num_blocks=12, block_size=2, max_num_seqs=2,
+                   max_num_batched_tokens=8, max_model_len=48, enable_prefix_caching=True,
+                   sliding_window=5)  # fmt: skip
+    harness = Harness(config, {0: 12, 1: 12, 2: 4}, ahead)
+    prompt = list(range(200, 208)) + [3]
+    harness.add(0, prompt, max_tokens=12)
+    for _ in range(6):
+        harness.step()
+        harness.check_invariants()
+    harness.add(1, list(range(500, 509)), max_tokens=12)
+    harness.run()
+    harness.add(2, prompt, max_tokens=12)
+    harness.run()
+    assert harness.scheduler.pool.num_free == config.num_blocks
+    for req_id, length in ((0, 12), (1, 12), (2, 4)):
+        tokens, reason = expected_output(req_id, length, 12)
+        assert (harness.tokens[req_id], harness.endings[req_id]) == (tokens, [reason])

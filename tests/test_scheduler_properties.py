@@ -174,7 +174,7 @@ def test_blocks_given_back_behind_a_window_are_never_published(ahead: int) -> No
                    max_num_batched_tokens=8, max_model_len=48, enable_prefix_caching=True,
                    sliding_window=5)  # fmt: skip
     harness = Harness(config, {0: 12, 1: 12, 2: 4}, ahead)
-    prompt = list(range(200, 208)) + [3]
+    prompt = [*range(200, 208), 3]
     harness.add(0, prompt, max_tokens=12)
     for _ in range(6):
         harness.step()

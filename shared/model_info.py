@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def derived_path(model: Path, name: str, readers: tuple[str, ...] = ()) -> Path:
     return cache_dir() / f"{model.stem}-{content_digest(model)[:16]}" / name
 
 
-def write_derived(path: Path, data: bytes) -> bool:
+def write_derived(path: Path, data: bytes | Callable[[Path], None]) -> bool:
     """`write_atomically`, then the files an older reading derived alike removed."""
     if not write_atomically(path, data):
         return False
@@ -181,13 +182,17 @@ def content_digest(model: Path) -> str:
     return digest
 
 
-def write_atomically(path: Path, data: bytes) -> bool:
-    """Store a cache file whole or not at all. A cache is an optimisation: when it cannot be
-    written (a full disk), the partial file goes and the caller carries on without it."""
+def write_atomically(path: Path, data: bytes | Callable[[Path], None]) -> bool:
+    """Store a cache file whole or not at all: `data`, or what `data(partial)` writes to the
+    path it is given (raising OSError where it cannot). A cache is an optimisation: when it
+    cannot be written (a full disk), the partial file goes and the caller carries on."""
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_bytes(data)
+        if callable(data):
+            data(partial)
+        else:
+            partial.write_bytes(data)
         partial.replace(path)
     except OSError as error:
         partial.unlink(missing_ok=True)

@@ -91,7 +91,8 @@ def test_a_cache_derived_by_older_code_is_neither_read_nor_kept(
 def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None:
     """A full disk must not stop a start: a process whose files may not grow past 64 KB (a real
     write failure, EFBIG, from RLIMIT_FSIZE) converts the tokenizer (2 MB) and still encodes
-    text, and leaves no partial file behind."""
+    text, dequantizes the weights (540 MB, streamed to the file) and still has them, and
+    leaves no partial file behind."""
     child = textwrap.dedent(
         """
         import resource, signal
@@ -99,7 +100,9 @@ def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
         from turnstile.shared.model_info import embedded_model_path, read_model_info
         from turnstile.shared.tokenizer import Tokenizer
+        from turnstile.executor_svc.model.weights import load_weights
         path = embedded_model_path()
+        print(len(load_weights(path, read_model_info(path))))
         print(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
         """
     )
@@ -108,10 +111,13 @@ def test_a_cache_that_cannot_be_written_is_skipped_whole(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     path = embedded_model_path()
-    assert done.stdout.strip() == str(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
+    tensors, encoded = done.stdout.strip().splitlines()[-2:]
+    assert encoded == str(Tokenizer(path, read_model_info(path)).encode("Hello, world"))
+    assert int(tensors) == 272  # SmolLM2's 30 layers' 9 tensors, the embedding and final norm
     assert "not caching" in done.stderr and "tokenizer.json" in done.stderr
+    assert "File too large" in done.stderr  # the weights' failure, as safetensors words it
     written = [p.name for p in cache.rglob("*") if p.is_file()]
-    assert "tokenizer.json" not in written and not [n for n in written if n.endswith(".tmp")]
+    assert not [n for n in written if n.startswith(("tokenizer", "weights")) or n.endswith(".tmp")]
 
 
 BASE_CONFIG = {

@@ -77,7 +77,7 @@ def gguf_fields(path: Path) -> dict[str, Any]:
 
 
 def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] | None:
-    """Linear scaling from its keys; llama.cpp stores Llama 3.1's scaling as each frequency's
+    """Linear and yarn scaling from their keys; llama.cpp stores Llama 3.1's scaling as each frequency's
     divisor (`rope_freqs`) and Phi-3's longrope as its two factor lists, with the attention
     factor and original context as keys: read back as transformers' longrope parameters."""
 
@@ -94,10 +94,16 @@ def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] |
             ORIGINAL: int(field(f"{arch}.rope.scaling.original_context_length")),
             "attention_factor": float(field(f"{arch}.rope.scaling.attn_factor", 1.0)),
         }
-    factor = field(f"{arch}.rope.scaling.factor")
-    if field(f"{arch}.rope.scaling.type") != "linear" or not factor:
+    kind, factor = field(f"{arch}.rope.scaling.type"), field(f"{arch}.rope.scaling.factor")
+    if kind not in ("linear", "yarn") or not factor:
         return None
-    return {"rope_type": "linear", "factor": float(factor)}
+    scaling = {"rope_type": kind, "factor": float(factor)}
+    if kind == "yarn":  # transformers' defaults for the betas are llama.cpp's
+        scaling[ORIGINAL] = int(field(f"{arch}.rope.scaling.original_context_length"))
+        for beta in ("beta_fast", "beta_slow"):
+            if field(f"{arch}.rope.scaling.yarn_{beta}") is not None:
+                scaling[beta] = float(field(f"{arch}.rope.scaling.yarn_{beta}"))
+    return scaling
 
 
 def _layer_windows(arch: str, field: Field, layers: int) -> tuple[int, ...]:

@@ -176,8 +176,16 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         _refuse(source, "general.architecture", arch,
                 f"supported: {', '.join(GGUF_ARCHITECTURES)}")  # fmt: skip
     scaling = field(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none", "linear"):
-        _refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear")
+    if scaling not in (None, "none", "linear", "yarn"):
+        _refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear, yarn")
+    if scaling == "yarn" and field(f"{arch}.rope.scaling.original_context_length") is None:
+        _refuse(source, f"{arch}.rope.scaling.original_context_length", None, "yarn needs it")
+    # llama.cpp's yarn settings beyond transformers' (DeepSeek's mscale among them)
+    for key, default in (("yarn_log_multiplier", 0.0), ("yarn_ext_factor", -1.0),
+                         ("yarn_attn_factor", 1.0)):  # fmt: skip
+        value = field(f"{arch}.rope.scaling.{key}")
+        if value not in (None, default):
+            _refuse(source, f"{arch}.rope.scaling.{key}", value, "not implemented")
     rotated = field(f"{arch}.rope.dimension_count")
     heads = field(f"{arch}.attention.head_count")
     head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads

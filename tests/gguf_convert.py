@@ -130,9 +130,11 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     writer.add_eos_token_id(config.get("eos_token_id") or 2)
     rope, local = rope_parameters(config)
     writer.add_rope_freq_base(rope["rope_theta"])
-    if rope.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    if rope.get("rope_type") in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
         writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if rope.get("rope_type") == "longrope":
         original = rope["original_max_position_embeddings"]
         scale = config["max_position_embeddings"] / original

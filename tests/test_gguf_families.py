@@ -29,7 +29,7 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # Mistral and Mixtral are llama.cpp's "llama" architecture; Qwen3-MoE with experts on every
 # layer, as llama.cpp's qwen3moe has them.
-FAMILIES = ["linear", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite",
+FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite",
             "mixtral", "qwen3_moe"]  # fmt: skip
 
 
@@ -47,7 +47,11 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
     ("arch", "key", "value", "named"),
     [
         ("olmo2", None, None, "general.architecture = 'olmo2'"),
-        ("llama", "llama.rope.scaling.type", "yarn", "llama.rope.scaling.type = 'yarn'"),
+        ("llama", "llama.rope.scaling.type", "longrope", "llama.rope.scaling.type = 'longrope'"),
+        ("llama", "llama.rope.scaling.type", "yarn",
+         "llama.rope.scaling.original_context_length = None"),
+        ("qwen2", "qwen2.rope.scaling.yarn_log_multiplier", 0.1,
+         "qwen2.rope.scaling.yarn_log_multiplier = 0.1"),
         ("qwen3moe", "qwen3moe.expert_shared_count", 1, "qwen3moe.expert_shared_count = 1"),
         ("llama", "llama.expert_gating_func", 2, "llama.expert_gating_func = 2"),
         ("phi3", "phi3.rope.dimension_count", 6, "phi3.rope.dimension_count = 6"),
@@ -63,6 +67,8 @@ def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(
     writer.add_head_count(8)
     if isinstance(value, str):
         writer.add_string(key, value)  # type: ignore[arg-type]
+    elif isinstance(value, float):
+        writer.add_float32(key, value)  # type: ignore[arg-type]
     elif value is not None:
         writer.add_uint32(key, value)  # type: ignore[arg-type]
     writer.write_header_to_file()

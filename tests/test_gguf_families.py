@@ -48,10 +48,18 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
     [
         ("olmo2", None, None, "general.architecture = 'olmo2'"),
         ("llama", "llama.rope.scaling.type", "longrope", "llama.rope.scaling.type = 'longrope'"),
-        ("llama", "llama.rope.scaling.type", "yarn",
-         "llama.rope.scaling.original_context_length = None"),
-        ("qwen2", "qwen2.rope.scaling.yarn_log_multiplier", 0.1,
-         "qwen2.rope.scaling.yarn_log_multiplier = 0.1"),
+        (
+            "llama",
+            "llama.rope.scaling.type",
+            "yarn",
+            "llama.rope.scaling.original_context_length = None",
+        ),
+        (
+            "qwen2",
+            "qwen2.rope.scaling.yarn_log_multiplier",
+            0.1,
+            "qwen2.rope.scaling.yarn_log_multiplier = 0.1",
+        ),
         ("qwen3moe", "qwen3moe.expert_shared_count", 1, "qwen3moe.expert_shared_count = 1"),
         ("llama", "llama.expert_gating_func", 2, "llama.expert_gating_func = 2"),
         ("phi3", "phi3.rope.dimension_count", 6, "phi3.rope.dimension_count = 6"),

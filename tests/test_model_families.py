@@ -232,3 +232,26 @@ def test_a_scaled_rope_rotates_each_position_as_transformers_does(
         ours = rotations[position]
         torch.testing.assert_close(ours.real, cos[0, 0, :half], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.imag, sin[0, 0, :half], atol=1e-5, rtol=1e-5)
+
+
+def test_a_sharded_folder_loads_the_shards_its_index_names(tmp_path: Path) -> None:
+    """Mistral's repositories hold `consolidated.safetensors` beside the sharded checkpoint:
+    the same weights under Mistral's own names, which loading every file would hold twice. A
+    shard the index names but the folder lacks is named."""
+    import torch
+    from safetensors.torch import save_file
+
+    from turnstile.executor_svc.model.weights import load_weights
+    from turnstile.shared.model_info import read_model_info
+
+    model = _checkpoint("mistral")
+    model.save_pretrained(tmp_path, max_shard_size="300KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").exists()
+    save_file({"layers.0.attention.wq.weight": torch.zeros(128, 128)},
+              tmp_path / "consolidated.safetensors")  # fmt: skip
+    weights = load_weights(tmp_path, read_model_info(tmp_path))
+    assert weights.keys() == model.state_dict().keys()
+    shards[-1].unlink()
+    with pytest.raises(FileNotFoundError, match=shards[-1].name):
+        load_weights(tmp_path, read_model_info(tmp_path))

@@ -7,6 +7,7 @@ Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -48,9 +49,7 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
     if quantized:
         return read_gguf(path, info, quantized=True)
     if path.suffix != ".gguf":
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no .safetensors files in {path}")
+        files = _safetensors_files(path)
         weights: dict[str, torch.Tensor] = {}
         progress = LoadProgress(path.name, len(files), "files")
         for done, file in enumerate(files, 1):
@@ -72,6 +71,25 @@ def _save(weights: dict[str, torch.Tensor], path: Path) -> None:
         save_file(weights, path)
     except SafetensorError as error:  # a full disk, as the cache expects it
         raise OSError(str(error)) from error
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The shards the index names, where the folder has one (Mistral's repositories also hold
+    `consolidated.safetensors`, the same weights under Mistral's own names); else every file."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = [
+            folder / name
+            for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
+        missing = [file.name for file in files if not file.exists()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards not in the folder: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {folder}")
+    return files
 
 
 # Mixtral's MoE names, as Qwen3-MoE (and the model) names them.

@@ -77,9 +77,10 @@ def gguf_fields(path: Path) -> dict[str, Any]:
 
 
 def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] | None:
-    """Linear and yarn scaling from their keys; llama.cpp stores Llama 3.1's scaling as each frequency's
-    divisor (`rope_freqs`) and Phi-3's longrope as its two factor lists, with the attention
-    factor and original context as keys: read back as transformers' longrope parameters."""
+    """Linear and yarn scaling from their keys; llama.cpp stores Llama 3.1's scaling as each
+    frequency's divisor (`rope_freqs`) and Phi-3's longrope as its two factor lists, with the
+    attention factor and original context as keys: read back as transformers' longrope
+    parameters."""
 
     def factors(tensor: str) -> list[float]:
         return [float(f) for f in tensors[tensor].data]

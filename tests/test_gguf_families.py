@@ -29,8 +29,8 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # Mistral and Mixtral are llama.cpp's "llama" architecture; Qwen3-MoE with experts on every
 # layer, as llama.cpp's qwen3moe has them.
-FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite",
-            "mixtral", "qwen3_moe"]  # fmt: skip
+FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
+            "granite", "mixtral", "qwen3_moe"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -13,7 +13,9 @@ FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
-QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # sliding windows from `max_window_layers`
+QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # a window only with `use_sliding_window`
+# Those whose window starts at layer `max_window_layers` (Qwen3-MoE's slides on every layer).
+MAX_WINDOW_LAYERS_FAMILIES = ("qwen2", "qwen3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
 # checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
@@ -120,8 +122,9 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
 def layer_windows(config: dict[str, Any]) -> tuple[int, ...]:
     """Each layer's sliding window in tokens (a query sees itself and the window - 1 keys
     before it), 0 for full attention; () when no layer slides. As transformers reads it:
-    `layer_types` where the config has them, else Mistral's window on every layer, else
-    Qwen's on the layers from `max_window_layers` on when `use_sliding_window`."""
+    `layer_types` where the config has them, else Qwen2's and Qwen3's window on the layers from
+    `max_window_layers` on when `use_sliding_window`, else the window on every layer (Mistral's;
+    Qwen3-MoE's when `use_sliding_window`)."""
     window = config.get("sliding_window")
     family, count = config.get("model_type"), config["num_hidden_layers"]
     if not window or (family in QWEN_FAMILIES and not config.get("use_sliding_window")):
@@ -129,7 +132,7 @@ def layer_windows(config: dict[str, Any]) -> tuple[int, ...]:
     if window >= config.get("max_position_embeddings", 4096):
         return ()  # wider than the context: never binds
     kinds = config.get("layer_types")
-    if kinds is None and family in QWEN_FAMILIES:
+    if kinds is None and family in MAX_WINDOW_LAYERS_FAMILIES:
         first = config.get("max_window_layers", count)
         kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(count)]
     windows = tuple(

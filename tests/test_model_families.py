@@ -104,9 +104,13 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
                                             sliding_window=40)  # fmt: skip
         model = transformers.MixtralForCausalLM(config)
     elif family == "qwen3_moe":  # experts of their own width on layer 0, a dense MLP on layer 1
+        # (the GGUF test: experts on both); every layer slides over 24 tokens, whatever
+        # max_window_layers says (transformers' Qwen3-MoE has no layer types)
         config = transformers.Qwen3MoeConfig(**SHAPE, num_experts=8, num_experts_per_tok=3,
                                              moe_intermediate_size=64, norm_topk_prob=False,
-                                             mlp_only_layers=list(dense_layers))  # fmt: skip
+                                             mlp_only_layers=list(dense_layers),
+                                             use_sliding_window=True, sliding_window=24,
+                                             max_window_layers=1)  # fmt: skip
         model = transformers.Qwen3MoeForCausalLM(config)
         routers = ("gate.weight", "q_norm.weight", "k_norm.weight")  # a zero router ties
         _randomize(p for n, p in model.named_parameters() if n.endswith(routers))
@@ -164,11 +168,12 @@ def generates_what_transformers_generates(model_path: Path, model: Any, family: 
     expected, hf_logprobs = _hf_generate(model)
     assert len({tuple(tokens) for tokens in expected}) == len(PROMPTS)  # not degenerate
     # 12 blocks of 16 for 4 sequences of up to 138 tokens: some are preempted and recomputed.
-    # Mistral's sequences hold at most 5 blocks (24 tokens of window and a 32-token chunk):
-    # 6 blocks, fewer than its longest sequence fills, which runs only because the blocks
-    # behind the window go back to the pool.
-    blocks = 6 if family == "mistral" else 12
-    assert family != "mistral" or len(PROMPTS[-1]) + NEW_TOKENS > blocks * 16
+    # Where every layer slides over 24 tokens (Mistral, Qwen3-MoE) sequences hold at most 5
+    # blocks (the window and a 32-token chunk): 6 blocks, fewer than the longest sequence
+    # fills, which runs only because the blocks behind the window go back to the pool.
+    narrow = family in ("mistral", "qwen3_moe")
+    blocks = 6 if narrow else 12
+    assert not narrow or len(PROMPTS[-1]) + NEW_TOKENS > blocks * 16
     config = build(RunnerConfig, model=str(model_path), dtype="float32", backend=backend,
                    num_blocks=blocks, max_num_seqs=4)  # fmt: skip
     engine = OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=32))

@@ -77,6 +77,7 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
     _, local = rope_parameters(config)
     # transformers' default for both Gemmas where the config leaves it out
     scale = config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else 0.0
+    embed_scale = config["hidden_size"] ** 0.5 if gemma else config.get("embedding_multiplier", 1)
     return {
         "hidden_act": activation(config),
         "qk_norm": family in QK_NORM_FAMILIES,
@@ -84,9 +85,7 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "attention_scale": config.get("attention_multiplier", scale),
         "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
         "sandwich_norms": gemma,
-        "embed_scale": config["hidden_size"] ** 0.5
-        if gemma
-        else config.get("embedding_multiplier", 1.0),
+        "embed_scale": float(embed_scale),
         "residual_multiplier": config.get("residual_multiplier", 1.0),
         "logits_scaling": config.get("logits_scaling", 1.0),
         "local_rope_theta": float(local["rope_theta"]) if local else 0.0,

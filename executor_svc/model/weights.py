@@ -50,7 +50,7 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         return read_gguf(path, info, quantized=True)
     if path.suffix != ".gguf":
         files = _safetensors_files(path)
-        weights: dict[str, torch.Tensor] = {}
+        weights: Weights = {}
         progress = LoadProgress(path.name, len(files), "files")
         for done, file in enumerate(files, 1):
             weights.update(load_file(file))
@@ -101,7 +101,7 @@ _MIXTRAL_NAMES = {
 }
 
 
-def _common_names(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str, torch.Tensor]:
+def _common_names(weights: Weights, info: ModelInfo) -> Weights:
     """Every family's weights under the names the model reads: Mixtral's experts renamed,
     Phi-3's fused matrices split."""
     for name in [n for n in weights if ".block_sparse_moe." in n]:
@@ -109,7 +109,7 @@ def _common_names(weights: dict[str, torch.Tensor], info: ModelInfo) -> dict[str
         for old, common in _MIXTRAL_NAMES.items():
             new = new.replace(old, common)
         weights[new] = weights.pop(name)
-    return _split_fused(weights, info)  # type: ignore[return-value]
+    return _split_fused(weights, info)
 
 
 def _split_fused(weights: Weights, info: ModelInfo) -> Weights:

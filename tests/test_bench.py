@@ -88,9 +88,11 @@ def test_compare_counts_steps_from_the_servers_own_counters() -> None:
     than continuous batching needs."""
     from turnstile.bench.compare_bench import MODES, compare
 
-    jobs = make_jobs("longtail", 6, 8, 6, seed=1)
+    # Seed 3's lengths (46, 8, 9, 8, 8, 8): padded batching's 63 steps against continuous
+    # batching's 48-50 here; seed 1's margin (37 against 36) was closed once in a loaded CI run.
+    jobs = make_jobs("longtail", 6, 8, 6, seed=3)
     results = compare(
-        num_prompts=6, input_len=8, output_len=6, batch=2, seed=1, plot_prefix="", rounds=1
+        num_prompts=6, input_len=8, output_len=6, batch=2, seed=3, plot_prefix="", rounds=1
     )
     for mode in MODES:
         summary = results[mode]

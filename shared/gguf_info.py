@@ -102,8 +102,9 @@ def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] |
     if kind == "yarn":  # transformers' defaults for the betas are llama.cpp's
         scaling[ORIGINAL] = int(field(f"{arch}.rope.scaling.original_context_length"))
         for beta in ("beta_fast", "beta_slow"):
-            if field(f"{arch}.rope.scaling.yarn_{beta}") is not None:
-                scaling[beta] = float(field(f"{arch}.rope.scaling.yarn_{beta}"))
+            value = field(f"{arch}.rope.scaling.yarn_{beta}")
+            if value is not None:
+                scaling[beta] = float(value)
     return scaling
 
 

@@ -188,18 +188,20 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         value = field(f"{arch}.rope.scaling.{key}")
         if value not in (None, default):
             _refuse(source, f"{arch}.rope.scaling.{key}", value, "not implemented")
-    rotated = field(f"{arch}.rope.dimension_count")
-    heads = field(f"{arch}.attention.head_count")
-    head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
-    if rotated not in (None, head_dim):
-        _refuse(source, f"{arch}.rope.dimension_count", rotated,
-                f"RoPE on part of a head ({head_dim} dims): not implemented")  # fmt: skip
     shared = field(f"{arch}.expert_shared_count")
     if shared:
         _refuse(source, f"{arch}.expert_shared_count", shared, "shared experts: not implemented")
     gating = field(f"{arch}.expert_gating_func")
     if gating not in (None, SOFTMAX_GATING):
         _refuse(source, f"{arch}.expert_gating_func", gating, "softmax routing only")
+    rotated = field(f"{arch}.rope.dimension_count")
+    if rotated is None:
+        return
+    heads = field(f"{arch}.attention.head_count")
+    head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
+    if rotated != head_dim:
+        _refuse(source, f"{arch}.rope.dimension_count", rotated,
+                f"RoPE on part of a head ({head_dim} dims): not implemented")  # fmt: skip
 
 
 def _refuse(source: str, field: str, value: object, why: str) -> None:

@@ -17,11 +17,13 @@ from turnstile.shared.settings import build
 from turnstile.shared.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "quality_text.txt"
-# Each path as `turnstile serve` flags: exact float32, bfloat16 weights, the GGUF blocks kept.
+# Each path as `turnstile serve` flags: exact float32, bfloat16 weights, the GGUF blocks kept
+# (with their default bfloat16 KV cache, and with a float32 one).
 PATHS = {
     "float32": dict(dtype="float32", quantization="none"),
     "bfloat16": dict(dtype="bfloat16", quantization="none"),
     "gguf": dict(quantization="gguf"),
+    "gguf, float32 KV": dict(quantization="gguf", kv_cache_dtype="float32"),
 }
 
 

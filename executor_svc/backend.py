@@ -33,6 +33,7 @@ from turnstile.kernels.reference import DecodePlan, PrefillPlan
 from turnstile.shared.model_info import ModelInfo
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 class Route(enum.Enum):
@@ -95,6 +96,12 @@ class Backend(ABC):
     def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         """The dtype of activations and the KV cache for weights of `weight_dtype`."""
         return weight_dtype
+
+    def kv_cache_dtype(self, activation_dtype: torch.dtype, quantized: bool) -> torch.dtype:
+        """The KV cache's dtype (`--kv-cache-dtype`; auto: the activations'); `quantized`:
+        whether the model's GGUF blocks stay quantized."""
+        chosen = self.config.executor.kv_cache_dtype
+        return activation_dtype if chosen == "auto" else DTYPES[chosen]
 
     def keeps_quantized(self) -> bool:
         """Whether the model's GGUF blocks stay quantized (`--quantization`); only the cpu

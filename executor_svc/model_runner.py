@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from turnstile.executor_svc.backend import DeviceStep
+from turnstile.executor_svc.backend import DTYPES, DeviceStep
 from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
@@ -24,8 +24,6 @@ from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids, unpack_ids
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 class ModelRunner:
@@ -62,13 +60,14 @@ class ModelRunner:
             self.tp,
         )
         del weights
+        self.kv_dtype = self.backend.kv_cache_dtype(self.model.activation_dtype, self.quantized)
         self.num_blocks = executor.num_blocks or self._blocks_for(executor.kv_cache_gib)
         shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.model.activation_dtype, device=self.device),
-                torch.zeros(shape, dtype=self.model.activation_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(self.info.num_layers)
         ]
@@ -98,7 +97,7 @@ class ModelRunner:
     def _blocks_for(self, gib: float) -> int:
         info = self.info
         per_block = 2 * info.num_layers * self.config.engine.block_size * self.model.num_kv_heads
-        per_block *= info.head_dim * self.model.activation_dtype.itemsize
+        per_block *= info.head_dim * self.kv_dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
 
     def upload(self, inputs: StepInputs) -> DeviceStep:

@@ -29,6 +29,11 @@ class ExecutorConfig:
         "to int8 (cpu backend); none: dequantize every weight to --dtype; auto: gguf for a GGUF "
         "file on the cpu backend when no --dtype is given",
     )
+    kv_cache_dtype: Literal["auto", "bfloat16", "float32", "float16"] = setting(
+        "auto",
+        "the KV cache's (auto: the activations'; bfloat16 where GGUF blocks stay quantized: "
+        "half the bytes a decode step's attention reads)",
+    )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")

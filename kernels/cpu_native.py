@@ -41,7 +41,10 @@ class DecodeStep(ctypes.Structure):
         *((name, _LONG) for name in ("rows", "hidden", "intermediate", "heads", "kv_heads", "dim")),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
-        *((name, _PTR) for name in ("k_cache", "v_cache", "slots", "rotations", "block_tables")),
+        ("k_cache", _PTR),
+        ("v_cache", _PTR),
+        ("kv_format", _LONG),
+        *((name, _PTR) for name in ("slots", "rotations", "block_tables")),
         ("width", _LONG),
         ("block_size", _LONG),
         ("seq_lens", _PTR),
@@ -64,8 +67,10 @@ NativeWeight._fields_ = [
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
-    "paged_decode_attention_f32": [
-        *[_PTR] * 4,
+    "paged_decode_attention": [
+        *[_PTR] * 3,
+        _LONG,  # the caches' format
+        _PTR,
         _LONG,
         _PTR,
         _PTR,
@@ -76,6 +81,7 @@ _SIGNATURES = {
     ],
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
+    "round_to_half": [_PTR, _PTR, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
@@ -135,7 +141,7 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = argtypes
     lib.decode_layer_scratch.restype = _LONG
     lib.decode_layer.restype = ctypes.c_int
-    lib.linear_f32.restype = lib.linear_bf16.restype = None  # void: nothing to read back
+    lib.linear_f32.restype = lib.linear_bf16.restype = lib.round_to_half.restype = None  # void
     lib.linear_quantized.restype = lib.linear_weight.restype = ctypes.c_int
     return lib
 

@@ -8,6 +8,9 @@ import torch
 from turnstile.kernels import cpu_native
 from turnstile.kernels.reference import DecodePlan
 
+# What attention.c and decode_layer.c read, numbered as their KV formats (simd.h).
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def paged_decode_attention(
     query: torch.Tensor,
@@ -18,8 +21,9 @@ def paged_decode_attention(
     window: int = 0,
     softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV
-    (its last `window` tokens with a window; scores soft-capped where `softcap`)."""
+    """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV,
+    in any of `CACHE_DTYPES` (its last `window` tokens with a window; scores soft-capped where
+    `softcap`)."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -28,16 +32,18 @@ def paged_decode_attention(
     # The C kernel reads int64 rows in place; the executor's staged tables already are.
     tables = plan.block_tables.to(torch.int64).contiguous()
     lens = plan.seq_lens.to(torch.int64).contiguous()
-    if dim % 8 or heads % kv_heads or k_cache.dtype != torch.float32:
+    if dim % 8 or heads % kv_heads or k_cache.dtype not in CACHE_DTYPES:
         raise ValueError(
-            "native decode attention needs a float32 cache and head_dim % 8 == 0, got "
-            f"{k_cache.dtype} and {dim}"
+            "native decode attention needs a float32, bfloat16 or float16 cache and head_dim % 8 "
+            "== 0, "
+            f"got {k_cache.dtype} and {dim}"
         )
     out = torch.empty_like(query)
-    status = lib.paged_decode_attention_f32(
+    status = lib.paged_decode_attention(
         query.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        CACHE_DTYPES.index(k_cache.dtype),
         tables.data_ptr(),
         tables.shape[1],
         lens.data_ptr(),

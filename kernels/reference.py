@@ -21,17 +21,21 @@ def write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at their flat slots."""
+    """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at their flat slots, in the
+    cache's dtype."""
     heads, dim = k_cache.shape[2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, value)
+    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, kv_heads, blocks * block_size, head_dim] for the rows' block ids, row-major."""
+def _gather_kv(
+    cache: torch.Tensor, block_ids: torch.Tensor, rows: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[rows, kv_heads, blocks * block_size, head_dim] for the rows' block ids, row-major, in
+    `dtype` (the queries')."""
     num_blocks, _, heads, dim = cache.shape
     # index_select over flat rows: several times faster than advanced indexing on the CPU.
-    gathered = torch.index_select(cache.view(num_blocks, -1), 0, block_ids)
+    gathered = torch.index_select(cache.view(num_blocks, -1), 0, block_ids).to(dtype)
     return gathered.view(rows, -1, heads, dim).transpose(1, 2)
 
 
@@ -98,8 +102,8 @@ def paged_decode_attention(
     it, or with a `window` its last `window` tokens; scores soft-capped where `softcap`
     (`_attend`)."""
     rows = plan.block_tables.shape[0]
-    keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows)
-    values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows)
+    keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows, query.dtype)
+    values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows, query.dtype)
     visible = plan.visible
     if window:
         positions = torch.arange(keys.shape[2], device=query.device)
@@ -130,8 +134,8 @@ def paged_prefill_attention(
     token = (query_start_loc[:-1, None] + index[None, :]).clamp(max=query.shape[0] - 1)
     padded = query[token].transpose(1, 2)  # [rows, heads, longest, dim]
     block_ids = block_tables.reshape(-1)
-    keys = _gather_kv(k_cache, block_ids, rows)
-    values = _gather_kv(v_cache, block_ids, rows)
+    keys = _gather_kv(k_cache, block_ids, rows, query.dtype)
+    values = _gather_kv(v_cache, block_ids, rows, query.dtype)
     # Query i of a row sits at position seq_len - query_len + i and sees keys up to there.
     query_pos = (seq_lens - query_lens)[:, None] + index[None, :]
     key_pos = torch.arange(keys.shape[2], device=query.device)

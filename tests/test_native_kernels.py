@@ -86,14 +86,17 @@ def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
     torch.testing.assert_close(got, x @ weight.t() + residual, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 32])
 # 20: windows that start mid-block; soft cap 0.5 (Gemma 2's is 50, on scores 100x these)
 @pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (20, 0.0), (20, 0.5)])
-def test_paged_decode_matches_reference(block_size: int, window: int, softcap: float) -> None:
+def test_paged_decode_matches_reference(
+    cache_dtype: torch.dtype, block_size: int, window: int, softcap: float
+) -> None:
     # Ragged, partial last blocks, 9 query heads on 3 KV heads, and rows of 8+ tokens (the
-    # kernel scores eight at a time) next to shorter ones.
+    # kernel scores eight at a time) next to shorter ones; float32 queries on either cache.
     seq_lens = [1, 7, 8, 15, 16, 17, 40, 97, 250]
-    k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, torch.float32)
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, cache_dtype)
     query = torch.randn(len(seq_lens), HEADS, DIM)
     plan = reference.plan_decode(tables, lens, block_size)
     expected, got = (
@@ -162,9 +165,9 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
     assert name(backend="torch") == "torch"
     with pytest.raises(ValueError, match="unknown backend 'fast'"):
         name(backend="fast")
-    k_cache, v_cache, tables, lens = paged_setup([5], 16, torch.bfloat16)
+    k_cache, v_cache, tables, lens = paged_setup([5], 16, torch.float64)
     plan = reference.plan_decode(tables, lens, 16)
-    with pytest.raises(ValueError, match="float32 cache"):
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16 cache"):
         native_attention.paged_decode_attention(
             torch.randn(1, HEADS, DIM), k_cache, v_cache, plan, 1.0
         )
@@ -187,10 +190,13 @@ def test_a_build_is_cached_by_source_digest(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype"),
+    [("float32", "auto"), ("bfloat16", "auto"), ("float32", "bfloat16")],
+)
 @pytest.mark.parametrize("short_prefill_tokens", [SHORT_PREFILL_TOKENS, 0])
 def test_fused_decode_layers_generate_what_the_torch_layers_generate(
-    dtype: str, short_prefill_tokens: int, monkeypatch: pytest.MonkeyPatch
+    dtype: str, kv_cache_dtype: str, short_prefill_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The embedded model through decode_layer.c (one call a layer, where the route allows)
     against the same backend and weights through the model's layer code. A 16-token budget chunks
@@ -209,10 +215,19 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
             if run == "unfused":
                 patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
             engine = OfflineEngine(
-                build(RunnerConfig, dtype=dtype, num_blocks=32, max_num_seqs=4),
+                build(
+                    RunnerConfig,
+                    dtype=dtype,
+                    kv_cache_dtype=kv_cache_dtype,
+                    num_blocks=32,
+                    max_num_seqs=4,
+                ),
                 SchedulingConfig(max_num_batched_tokens=16),
             )
         assert engine.runner.backend.name == "cpu"
+        # auto: the activations' dtype, float32 on the cpu backend
+        kv_dtype = torch.bfloat16 if kv_cache_dtype == "bfloat16" else torch.float32
+        assert engine.runner.kv_dtype == kv_dtype
         routes[run] = _record_routes(monkeypatch, engine.runner.backend)
         requests = [
             AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=12, ignore_eos=True)

@@ -69,6 +69,13 @@ class CpuNativeBackend(Backend):
     def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         return torch.float32
 
+    def kv_cache_dtype(self, activation_dtype: torch.dtype, quantized: bool) -> torch.dtype:
+        """auto on quantized weights: bfloat16, half the bytes decode attention reads (its
+        cost in perplexity: docs/benchmarks.md)."""
+        if quantized and self.config.executor.kv_cache_dtype == "auto":
+            return torch.bfloat16
+        return super().kv_cache_dtype(activation_dtype, quantized)
+
     def keeps_quantized(self) -> bool:
         engine, executor = self.config.engine, self.config.executor
         gguf = engine.model_path.suffix == ".gguf"

@@ -28,6 +28,14 @@ class CudaBackend(Backend):
     attention = TRITON_ATTENTION
 
     def __init__(self, config: RunnerConfig, info: ModelInfo) -> None:
+        executor = config.executor
+        dtype = self.default_dtype() if executor.dtype == "auto" else executor.dtype
+        if executor.kv_cache_dtype not in ("auto", dtype):
+            # The Triton kernels store and read the cache in the activations' dtype.
+            raise ValueError(
+                f"--kv-cache-dtype {executor.kv_cache_dtype}: the cuda backend keeps the KV "
+                f"cache in the activations' dtype ({dtype})"
+            )
         super().__init__(config, info)
         self._graphs: DecodeGraphs | None = None
 

@@ -17,7 +17,7 @@ from turnstile.executor_svc.backends.packed_projection import (
 )
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection
-from turnstile.kernels import cpu_native
+from turnstile.kernels import cpu_native, native_attention
 from turnstile.kernels.reference import DecodePlan
 from turnstile.shared.model_info import ModelInfo
 
@@ -105,6 +105,7 @@ class NativeDecode:
             info.head_dim**-0.5,
             0,
             0,
+            native_attention.CACHE_DTYPES.index(kv_caches[0][0].dtype),
             slots.data_ptr(),
             rotations.data_ptr(),
             plan.block_tables.data_ptr(),

@@ -1,5 +1,6 @@
-/* Paged decode attention for float32 on x86-64 with AVX2 and FMA: one query token per row
- * against that row's cached K and V, read in place through its block table.
+/* Paged decode attention on x86-64 with AVX2 and FMA: one float32 query token per row against
+ * that row's cached K and V (float32, or bfloat16 or float16 widened a block at a time), read in
+ * place through its block table.
  *
  * The torch path gathers every row's blocks into a contiguous copy (per layer, K and V) before
  * one batched SDPA; here each task takes a run of one row's blocks and, block by block, scores
@@ -10,6 +11,7 @@
  * kernels/reference.py: [blocks][block_size][kv_heads][head_dim]. */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "simd.h"
@@ -20,7 +22,8 @@
 #define BLOCKS_PER_TASK 4
 
 typedef struct {
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache;
+    long format; /* the caches' values: KV_F32, KV_BF16 or KV_F16 (simd.h) */
     const long *block_tables;
     long width, heads, kv_heads, dim, block_size;
     float scale, softcap;
@@ -59,8 +62,26 @@ static float softmax_numerators(float *s, long len, float scale, float *top_out)
 
 /* Ask for a block's bytes while the one before it is being worked on: the blocks of a row lie
  * anywhere in the cache, so no hardware prefetcher can guess the next one. */
-static inline void prefetch_block(const float *block, long floats) {
-    for (long i = 0; i < floats; i += 16) _mm_prefetch((const char *)(block + i), _MM_HINT_T0);
+static inline void prefetch_block(const char *block, long bytes) {
+    for (long i = 0; i < bytes; i += 64) _mm_prefetch(block + i, _MM_HINT_T0);
+}
+
+/* Tokens [skip, skip + count) of cache block `block` as float32: in place for a float32 cache;
+ * a 16-bit one widened into `buffer`, where the scoring loops read it from L1 once a head. */
+static const float *block_values(const Decode *a, const void *cache, long block, long skip,
+                                 long count, float *buffer) {
+    const long token_values = a->kv_heads * a->dim;
+    const long first = (block * a->block_size + skip) * token_values, n = count * token_values;
+    if (a->format == KV_F32) return (const float *)cache + first;
+    const uint16_t *from = (const uint16_t *)cache + first;
+    for (long i = 0; i < n; i += 8) {
+        __m128i half = _mm_loadu_si128((const __m128i *)(from + i));
+        __m256 wide = a->format == KV_F16
+                          ? _mm256_cvtph_ps(half)
+                          : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+        _mm256_storeu_ps(buffer + i, wide);
+    }
+    return buffer;
 }
 
 /* [sum(v[0]), ..., sum(v[7])]: eight dot products' lanes reduced at once. */
@@ -123,19 +144,21 @@ static void soft_cap(const Decode *a, float *scores, long count) {
 }
 
 /* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
- * floats. */
+ * floats; `buffer` a block's values (a bfloat16 cache's, widened). */
 static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
-                   Partial p) {
+                   float *buffer, Partial p) {
     const long heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;
-    const long token_stride = a->kv_heads * dim, block_floats = bs * token_stride;
+    const long token_stride = a->kv_heads * dim;
+    const long block_bytes = bs * token_stride * (a->format == KV_F32 ? 4 : 2);
+    const char *k_bytes = a->k_cache, *v_bytes = a->v_cache;
     const long *table = a->block_tables + task->row * a->width;
     const float *q_row = q + task->row * heads * dim;
     const long first = task->begin / bs, last = (task->end - 1) / bs;
     for (long b = first; b <= last; b++) {
-        if (b < last) prefetch_block(a->k_cache + table[b + 1] * block_floats, block_floats);
+        if (b < last) prefetch_block(k_bytes + table[b + 1] * block_bytes, block_bytes);
         long t, skip;
         const long count = block_span(task, b, bs, &t, &skip);
-        const float *block = a->k_cache + table[b] * block_floats + skip * token_stride;
+        const float *block = block_values(a, a->k_cache, table[b], skip, count, buffer);
         for (long h = 0; h < heads; h++)
             score_tokens(q_row + h * dim, block + (h / group) * dim, count, token_stride, dim,
                          scores + h * stride + t - task->begin);
@@ -147,10 +170,10 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
         for (long d = 0; d < dim; d++) p.out[h * dim + d] = 0.0f;
     }
     for (long b = first; b <= last; b++) {
-        if (b < last) prefetch_block(a->v_cache + table[b + 1] * block_floats, block_floats);
+        if (b < last) prefetch_block(v_bytes + table[b + 1] * block_bytes, block_bytes);
         long t, skip;
         const long count = block_span(task, b, bs, &t, &skip);
-        const float *block = a->v_cache + table[b] * block_floats + skip * token_stride;
+        const float *block = block_values(a, a->v_cache, table[b], skip, count, buffer);
         for (long h = 0; h < heads; h++)
             weigh_values(block + (h / group) * dim, count, token_stride, dim,
                          scores + h * stride + t - task->begin, p.out + h * dim);
@@ -177,15 +200,15 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
     }
 }
 
-/* q and out: [rows][heads][head_dim]; head_dim a multiple of 8. A `window` > 0 attends each
- * row's last `window` tokens only; a `softcap` > 0 soft-caps the scores. Returns 0, or -1 when
- * out of memory. */
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                               const long *block_tables, long width, const long *seq_lens,
-                               float *out, long rows, long heads, long kv_heads, long dim,
-                               long block_size, float scale, long window, float softcap) {
-    Decode a = {k_cache, v_cache, block_tables, width,  heads,
-                kv_heads, dim,   block_size,   scale, softcap};
+/* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
+ * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
+ * `softcap` > 0 soft-caps the scores. Returns 0, or -1 when out of memory. */
+int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
+                           const long *block_tables, long width, const long *seq_lens, float *out,
+                           long rows, long heads, long kv_heads, long dim, long block_size,
+                           float scale, long window, float softcap) {
+    Decode a = {k_cache, v_cache, kv_format, block_tables, width, heads,
+                kv_heads, dim, block_size, scale, softcap};
     const long per_task = BLOCKS_PER_TASK * block_size;
     long most_tasks = 0, tasks = 0, stride = 8; /* a head's scores in a task, in whole vectors */
     for (long r = 0; r < rows; r++) most_tasks += (seq_lens[r] + per_task - 1) / per_task;
@@ -214,11 +237,13 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
 #pragma omp parallel reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * heads * stride);
-        if (scores == NULL) failed = 1;
+        float *buffer = malloc(sizeof(float) * block_size * kv_heads * dim);
+        if (scores == NULL || buffer == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (long i = 0; i < tasks; i++)
-            if (scores) attend(&a, q, &task[i], scores, stride, parts[i]);
+            if (scores && buffer) attend(&a, q, &task[i], scores, stride, buffer, parts[i]);
         free(scores);
+        free(buffer);
 #pragma omp for schedule(static)
         for (long r = 0; r < rows; r++)
             merge(&a, parts + first_task[r], first_task[r + 1] - first_task[r],

@@ -14,10 +14,10 @@ void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  const float *residual, long M, long N, long K);
 int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
                      const float *residual, long M, long N, long K, long ldy, int bits, int isa);
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                               const long *block_tables, long width, const long *seq_lens,
-                               float *out, long rows, long heads, long kv_heads, long dim,
-                               long block_size, float scale, long window, float softcap);
+int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
+                           const long *block_tables, long width, const long *seq_lens, float *out,
+                           long rows, long heads, long kv_heads, long dim, long block_size,
+                           float scale, long window, float softcap);
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
  * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h). Quantized parts stored in
@@ -32,7 +32,8 @@ typedef struct Weight {
 typedef struct {
     long rows, hidden, intermediate, heads, kv_heads, dim;
     float eps, scale;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;
+    long kv_format;           /* the caches' values: KV_F32, KV_BF16 or KV_F16 (simd.h) */
     const long *slots;        /* [rows] flat cache slot of each row's new token */
     const float *rotations;   /* [rows][dim / 2][2]: cos, sin at each row's position */
     const long *block_tables; /* [rows][width] */
@@ -76,6 +77,35 @@ static void rms_norm(const float *x, const float *weight, float *out, long rows,
     }
 }
 
+/* n float32 values (n a multiple of 8) into a 16-bit format as torch rounds them: to nearest,
+ * ties to even (a NaN stays a NaN; float16's overflow is inf). */
+void round_to_half(const float *from, uint16_t *to, long n, long format) {
+    for (long i = 0; i < n; i += 8) {
+        __m256 x = _mm256_loadu_ps(from + i);
+        if (format == KV_F16) {
+            _mm_storeu_si128((__m128i *)(to + i),
+                             _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            continue;
+        }
+        __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+        __m256i even = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), even)), 16);
+        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+        /* 32-bit lanes to 16: the pack interleaves 128-bit lanes, the permute undoes it. */
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08);
+        _mm_storeu_si128((__m128i *)(to + i), _mm256_castsi256_si128(packed));
+    }
+}
+
+/* n values into the cache from value `first` on, in the cache's format. */
+static void store_kv(const Step *s, void *cache, long first, const float *from, long n) {
+    if (s->kv_format != KV_F32) round_to_half(from, (uint16_t *)cache + first, n, s->kv_format);
+    else
+        for (long i = 0; i < n; i++) ((float *)cache)[first + i] = from[i];
+}
+
 /* Each query and key head RMS-normed where the model has `qk_norm` ([heads + kv_heads][dim],
  * Qwen3), RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves
  * in executor_svc/model/llama.py), then K and V into the cache. */
@@ -94,12 +124,8 @@ static void rotate_and_cache(const Step *s, float *qkv, const float *qk_norm) {
             }
         }
         const float *key = qkv + s->heads * dim, *value = key + kv_width;
-        float *k_slot = s->k_cache + s->slots[r] * kv_width;
-        float *v_slot = s->v_cache + s->slots[r] * kv_width;
-        for (long i = 0; i < kv_width; i++) {
-            k_slot[i] = key[i];
-            v_slot[i] = value[i];
-        }
+        store_kv(s, s->k_cache, s->slots[r] * kv_width, key, kv_width);
+        store_kv(s, s->v_cache, s->slots[r] * kv_width, value, kv_width);
     }
 }
 
@@ -137,9 +163,9 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     rotate_and_cache(s, projected, qk_norm);
     for (long r = 0; r < rows; r++)
         for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i];
-    if (paged_decode_attention_f32(queries, s->k_cache, s->v_cache, s->block_tables, s->width,
-                                   s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
-                                   s->block_size, s->scale, s->window, 0.0f))
+    if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
+                               s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
+                               s->block_size, s->scale, s->window, 0.0f))
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);

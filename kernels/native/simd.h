@@ -2,6 +2,9 @@
 #pragma once
 #include <immintrin.h>
 
+/* The KV cache's value formats, numbered as kernels/native_attention.py's CACHE_DTYPES. */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+
 static inline float sum_lanes(__m256 v) {
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     half = _mm_add_ps(half, _mm_movehl_ps(half, half));

@@ -60,10 +60,11 @@ static float softmax_numerators(float *s, long len, float scale, float *top_out)
     return total;
 }
 
-/* Ask for a block's bytes while the one before it is being worked on: the blocks of a row lie
- * anywhere in the cache, so no hardware prefetcher can guess the next one. */
+/* Ask for a block's bytes before they are worked on: the blocks of a row lie anywhere in the
+ * cache, so no hardware prefetcher can guess the next one. A task asks for all of its K and V
+ * at its start, so that their misses overlap, into L2 (they would overflow L1). */
 static inline void prefetch_block(const char *block, long bytes) {
-    for (long i = 0; i < bytes; i += 64) _mm_prefetch(block + i, _MM_HINT_T0);
+    for (long i = 0; i < bytes; i += 64) _mm_prefetch(block + i, _MM_HINT_T1);
 }
 
 /* Tokens [skip, skip + count) of cache block `block` as float32: in place for a float32 cache;
@@ -155,7 +156,10 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
     const float *q_row = q + task->row * heads * dim;
     const long first = task->begin / bs, last = (task->end - 1) / bs;
     for (long b = first; b <= last; b++) {
-        if (b < last) prefetch_block(k_bytes + table[b + 1] * block_bytes, block_bytes);
+        prefetch_block(k_bytes + table[b] * block_bytes, block_bytes);
+        prefetch_block(v_bytes + table[b] * block_bytes, block_bytes);
+    }
+    for (long b = first; b <= last; b++) {
         long t, skip;
         const long count = block_span(task, b, bs, &t, &skip);
         const float *block = block_values(a, a->k_cache, table[b], skip, count, buffer);
@@ -170,7 +174,6 @@ static void attend(const Decode *a, const float *q, const Task *task, float *sco
         for (long d = 0; d < dim; d++) p.out[h * dim + d] = 0.0f;
     }
     for (long b = first; b <= last; b++) {
-        if (b < last) prefetch_block(v_bytes + table[b + 1] * block_bytes, block_bytes);
         long t, skip;
         const long count = block_span(task, b, bs, &t, &skip);
         const float *block = block_values(a, a->v_cache, table[b], skip, count, buffer);

@@ -66,14 +66,17 @@ long decode_layer_scratch(long rows, long hidden, long intermediate, long heads,
     return rows * ((heads + 2 * kv_heads) * dim + 2 * heads * dim + hidden + 3 * intermediate);
 }
 
-/* Same formula as torch's rms_norm: x * rsqrt(mean(x^2) + eps) * weight. */
+/* Same formula as torch's rms_norm: x * rsqrt(mean(x^2) + eps) * weight. Rows in parallel
+ * (as everything per row here): a serial part leaves the other threads spinning. */
 static void rms_norm(const float *x, const float *weight, float *out, long rows, long n,
                      float eps) {
-    for (long r = 0; r < rows; r++, x += n, out += n) {
-        float sum = 0.0f;
-        for (long i = 0; i < n; i++) sum += x[i] * x[i];
+#pragma omp parallel for if (rows >= 8)
+    for (long r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        float sum = 0.0f, *to = out + r * n;
+        for (long i = 0; i < n; i++) sum += row[i] * row[i];
         float inverse = 1.0f / sqrtf(sum / n + eps);
-        for (long i = 0; i < n; i++) out[i] = x[i] * inverse * weight[i];
+        for (long i = 0; i < n; i++) to[i] = row[i] * inverse * weight[i];
     }
 }
 
@@ -108,11 +111,14 @@ static void store_kv(const Step *s, void *cache, long first, const float *from, 
 
 /* Each query and key head RMS-normed where the model has `qk_norm` ([heads + kv_heads][dim],
  * Qwen3), RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves
- * in executor_svc/model/llama.py), then K and V into the cache. */
-static void rotate_and_cache(const Step *s, float *qkv, const float *qk_norm) {
+ * in executor_svc/model/llama.py), then the queries into `queries` and K and V into the cache. */
+static void rotate_and_cache(const Step *s, float *projected, const float *qk_norm,
+                             float *queries) {
     const long dim = s->dim, width = (s->heads + 2 * s->kv_heads) * dim;
-    const long kv_width = s->kv_heads * dim;
-    for (long r = 0; r < s->rows; r++, qkv += width) {
+    const long kv_width = s->kv_heads * dim, q_width = s->heads * dim;
+#pragma omp parallel for if (s->rows >= 8)
+    for (long r = 0; r < s->rows; r++) {
+        float *qkv = projected + r * width;
         const float *turn = s->rotations + r * dim;
         for (long h = 0; h < s->heads + s->kv_heads; h++) {
             float *pair = qkv + h * dim;
@@ -123,7 +129,8 @@ static void rotate_and_cache(const Step *s, float *qkv, const float *qk_norm) {
                 pair[i + 1] = re * sn + im * c;
             }
         }
-        const float *key = qkv + s->heads * dim, *value = key + kv_width;
+        for (long i = 0; i < q_width; i++) queries[r * q_width + i] = qkv[i];
+        const float *key = qkv + q_width, *value = key + kv_width;
         store_kv(s, s->k_cache, s->slots[r] * kv_width, key, kv_width);
         store_kv(s, s->v_cache, s->slots[r] * kv_width, value, kv_width);
     }
@@ -160,9 +167,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);
     if (linear_weight(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
         return -1;
-    rotate_and_cache(s, projected, qk_norm);
-    for (long r = 0; r < rows; r++)
-        for (long i = 0; i < q_width; i++) queries[r * q_width + i] = projected[r * qkv_width + i];
+    rotate_and_cache(s, projected, qk_norm, queries);
     if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
                                s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
                                s->block_size, s->scale, s->window, 0.0f))

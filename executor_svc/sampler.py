@@ -4,7 +4,7 @@ the raw logits, as vLLM's default).
 
 The host turns the rows' parameters into arrays once a step (`SamplingArrays`); they travel to
 the device with the step's other inputs, and `sample` runs there with no host sync. Each
-sampling row draws its token from a key: for a seeded request (seed, output index), so it
+sampling row draws its noise from a key: for a seeded request (seed, output index), so it
 picks the same tokens alone or in any batch, and again after a preemption.
 """
 
@@ -29,6 +29,7 @@ _SEED_STRIDE = 1_000_003
 # Below this a temperature is greedy, as in vLLM: dividing by it overflows the logits to inf.
 MIN_TEMPERATURE = 1e-5
 
+Noise = Callable[[torch.Tensor, int], torch.Tensor]  # (keys [rows], vocab) -> Exp(1) [rows, vocab]
 Logprobs = list[list[tuple[int, float]]]
 
 
@@ -41,7 +42,7 @@ class SamplingArrays:
     temperature: np.ndarray  # float64, per random row
     top_k: np.ndarray  # per random row, 0: off
     top_p: np.ndarray  # float64, per random row
-    draw_keys: np.ndarray  # per random row
+    noise_keys: np.ndarray  # per random row
     filters: bool  # whether any random row has top-k or top-p
     min_p: np.ndarray | None  # per random row, where any has one
     logprob_rows: np.ndarray | None  # rows that asked for logprobs
@@ -73,7 +74,7 @@ class SamplingArrays:
             temperature=np.array([p.temperature for p in chosen], dtype=np.float64),
             top_k=np.array([p.top_k for p in chosen], dtype=np.int64),
             top_p=np.array([p.top_p for p in chosen], dtype=np.float64),
-            draw_keys=keys,
+            noise_keys=keys,
             filters=any(p.top_k > 0 or p.top_p < 1.0 for p in chosen),
             min_p=np.array([p.min_p for p in chosen]) if any(p.min_p for p in chosen) else None,
             logprob_rows=np.array(wanted, dtype=np.int64) if wanted else None,
@@ -90,7 +91,7 @@ class SamplingArrays:
             out = {
                 "random_rows": self.random_rows,
                 "temperature": self.temperature,
-                "draw_keys": self.draw_keys,
+                "noise_keys": self.noise_keys,
             }
             if self.filters:
                 out |= {"top_k": self.top_k, "top_p": self.top_p}
@@ -141,7 +142,17 @@ class Sampled:
         return tokens, result
 
 
+def generator_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise for each row from a torch generator seeded by its key: a host loop, cheap
+    on the CPU."""
+    out = torch.empty(len(keys), vocab, device=keys.device)
+    for row, key in enumerate(keys.tolist()):
+        out[row].exponential_(generator=torch.Generator(keys.device).manual_seed(key))
+    return out
+
+
 # splitmix64's constants as signed int64: torch has no uint64 arithmetic.
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
 _MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)
 
 
@@ -150,23 +161,16 @@ def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def uniforms(keys: torch.Tensor) -> torch.Tensor:
-    """One uniform draw inside (0, 1) per key, by splitmix64's finalizer: elementwise on the
-    device, so no generator objects, no host loop, nothing a fake tensor cannot follow."""
-    x = (keys ^ _shift(keys, 30)) * _MIX[0]
+def hashed_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise computed from (key, token) by splitmix64, all rows in a few elementwise
+    ops on the device: no generator objects, no host loop, nothing a CUDA graph or a fake
+    tensor cannot follow."""
+    x = keys[:, None] + torch.arange(1, vocab + 1, device=keys.device) * _GOLDEN
+    x = (x ^ _shift(x, 30)) * _MIX[0]
     x = (x ^ _shift(x, 27)) * _MIX[1]
     x = x ^ _shift(x, 31)
-    return (_shift(x, 40).float() + 0.5) * 2.0**-24  # the top 24 bits
-
-
-def draw(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """A token per row of `probs` by inverse CDF: the first whose cumulative mass reaches the
-    row's uniform draw, so a token of zero mass is never drawn. One draw a row, where an
-    exponential race draws one per token (60 ms a step for 64 rows of 49,152 tokens on the
-    CPU, docs/benchmarks.md)."""
-    cumulative = probs.cumsum(dim=-1)
-    target = uniforms(keys)[:, None] * cumulative[:, -1:]
-    return torch.searchsorted(cumulative, target).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    uniform = (_shift(x, 40).float() + 0.5) * 2.0**-24  # the top 24 bits, inside (0, 1)
+    return -torch.log(uniform)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
@@ -188,6 +192,7 @@ def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
     argmax: Callable[[torch.Tensor], torch.Tensor],
+    noise: Noise,
 ) -> Sampled:
     """Tokens for each row of float32 `logits`, on their device."""
     host, device = batch.host, batch.device
@@ -206,7 +211,8 @@ def sample(
             scaled.masked_fill_(probs < floor, -float("inf"))
         if host.filters:
             _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
-        tokens[rows] = draw(scaled.softmax(dim=-1), device["draw_keys"])
+        probs = scaled.softmax(dim=-1)
+        tokens[rows] = (probs / noise(device["noise_keys"], probs.shape[-1])).argmax(dim=-1)
     if raw is None:
         return Sampled(tokens, None, [])
     rows = device["logprob_rows"]

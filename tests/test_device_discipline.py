@@ -115,16 +115,10 @@ def test_a_host_tensor_slipped_into_the_step_is_caught(
 def test_a_host_sync_in_the_step_is_caught(
     runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The other mutation: asking the device for a value mid-step (here, as an old sampler
+    """The other mutation: asking the device for a value mid-step (here, as the old sampler
     did, a per-row generator fed from `.tolist()`)."""
-    from turnstile.executor_svc import sampler
+    from turnstile.executor_svc.sampler import generator_noise
 
-    def per_row_generators(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        generators = [torch.Generator().manual_seed(key) for key in keys.tolist()]
-        return torch.stack(
-            [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)]
-        )
-
-    monkeypatch.setattr(sampler, "draw", per_row_generators)
+    monkeypatch.setattr(runner.backend, "noise", generator_noise)
     with pytest.raises(RuntimeError, match="no data"):
         _steps(runner)

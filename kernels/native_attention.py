@@ -34,9 +34,8 @@ def paged_decode_attention(
     lens = plan.seq_lens.to(torch.int64).contiguous()
     if dim % 8 or heads % kv_heads or k_cache.dtype not in CACHE_DTYPES:
         raise ValueError(
-            "native decode attention needs a float32, bfloat16 or float16 cache and head_dim % 8 "
-            "== 0, "
-            f"got {k_cache.dtype} and {dim}"
+            "native decode attention needs a float32, bfloat16 or float16 cache and "
+            f"head_dim % 8 == 0, got {k_cache.dtype} and {dim}"
         )
     out = torch.empty_like(query)
     status = lib.paged_decode_attention(

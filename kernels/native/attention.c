@@ -145,7 +145,7 @@ static void soft_cap(const Decode *a, float *scores, long count) {
 }
 
 /* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
- * floats; `buffer` a block's values (a bfloat16 cache's, widened). */
+ * floats; `buffer` a block's values (a 16-bit cache's, widened). */
 static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
                    float *buffer, Partial p) {
     const long heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;

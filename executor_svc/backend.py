@@ -24,7 +24,7 @@ from turnstile.executor_svc.sampler import (
     Sampled,
     SamplingArrays,
     SamplingBatch,
-    generator_noise,
+    hashed_race,
     sample,
 )
 from turnstile.executor_svc.staging import Staging
@@ -201,10 +201,10 @@ class Backend(ABC):
         raise NotImplementedError(f"the {self.name} backend has no fused layers")
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> Sampled:
-        return sample(logits, batch, self.argmax, self.noise)
+        return sample(logits, batch, self.argmax, self.race)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(dim=-1)
 
-    def noise(self, keys: torch.Tensor, vocab: int) -> torch.Tensor:
-        return generator_noise(keys, vocab)
+    def race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        return hashed_race(probs, seeds)

@@ -4,8 +4,9 @@ the raw logits, as vLLM's default).
 
 The host turns the rows' parameters into arrays once a step (`SamplingArrays`); they travel to
 the device with the step's other inputs, and `sample` runs there with no host sync. Each
-sampling row draws its noise from a key: for a seeded request (seed, output index), so it
-picks the same tokens alone or in any batch, and again after a preemption.
+sampling row races its tokens with noise hashed from a seed: for a seeded request, a hash of
+(seed, output index), so it picks the same tokens alone or in any batch, and again after a
+preemption.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ _SEED_STRIDE = 1_000_003
 # Below this a temperature is greedy, as in vLLM: dividing by it overflows the logits to inf.
 MIN_TEMPERATURE = 1e-5
 
-Noise = Callable[[torch.Tensor, int], torch.Tensor]  # (keys [rows], vocab) -> Exp(1) [rows, vocab]
+# (probabilities [rows, vocab], seeds [rows]) -> the tokens winning `hashed_race`'s race [rows]
+Race = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Logprobs = list[list[tuple[int, float]]]
 
 
@@ -42,7 +44,7 @@ class SamplingArrays:
     temperature: np.ndarray  # float64, per random row
     top_k: np.ndarray  # per random row, 0: off
     top_p: np.ndarray  # float64, per random row
-    noise_keys: np.ndarray  # per random row
+    seeds: np.ndarray  # per random row, below 2**32: its noise's
     filters: bool  # whether any random row has top-k or top-p
     min_p: np.ndarray | None  # per random row, where any has one
     logprob_rows: np.ndarray | None  # rows that asked for logprobs
@@ -74,7 +76,7 @@ class SamplingArrays:
             temperature=np.array([p.temperature for p in chosen], dtype=np.float64),
             top_k=np.array([p.top_k for p in chosen], dtype=np.int64),
             top_p=np.array([p.top_p for p in chosen], dtype=np.float64),
-            noise_keys=keys,
+            seeds=row_seeds(keys),
             filters=any(p.top_k > 0 or p.top_p < 1.0 for p in chosen),
             min_p=np.array([p.min_p for p in chosen]) if any(p.min_p for p in chosen) else None,
             logprob_rows=np.array(wanted, dtype=np.int64) if wanted else None,
@@ -91,7 +93,7 @@ class SamplingArrays:
             out = {
                 "random_rows": self.random_rows,
                 "temperature": self.temperature,
-                "noise_keys": self.noise_keys,
+                "seeds": self.seeds,
             }
             if self.filters:
                 out |= {"top_k": self.top_k, "top_p": self.top_p}
@@ -142,35 +144,38 @@ class Sampled:
         return tokens, result
 
 
-def generator_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise for each row from a torch generator seeded by its key: a host loop, cheap
-    on the CPU."""
-    out = torch.empty(len(keys), vocab, device=keys.device)
-    for row, key in enumerate(keys.tolist()):
-        out[row].exponential_(generator=torch.Generator(keys.device).manual_seed(key))
-    return out
+# splitmix64's constants, and murmur3's finalizer's with Knuth's 32-bit golden ratio.
+_GOLDEN, _MIX = 0x9E3779B97F4A7C15, (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_GOLDEN32, _MIX32 = 0x9E3779B9, (0x85EBCA6B, 0xC2B2AE35)
+_LOW32 = 0xFFFFFFFF
 
 
-# splitmix64's constants as signed int64: torch has no uint64 arithmetic.
-_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
-_MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)
+def row_seeds(keys: np.ndarray) -> np.ndarray:
+    """A 32-bit seed for each row's noise: splitmix64 of its int64 key, on the host."""
+    with np.errstate(over="ignore"):
+        x = keys.astype(np.uint64) + np.uint64(_GOLDEN)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX[0])
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX[1])
+        x ^= x >> np.uint64(31)
+    return (x & np.uint64(_LOW32)).astype(np.int64)
 
 
-def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """A logical right shift (torch's >> on int64 is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+def hashed_uniform(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] float32 inside (0, 1), hashed from (seed, token) by murmur3's finalizer
+    in int64 (masked to 32 bits), all rows in a few elementwise ops on the device: nothing a
+    CUDA graph or a fake tensor cannot follow. race.c hashes the same bits."""
+    x = (seeds[:, None] + torch.arange(1, vocab + 1, device=seeds.device) * _GOLDEN32) & _LOW32
+    x = ((x ^ (x >> 16)) * _MIX32[0]) & _LOW32
+    x = ((x ^ (x >> 13)) * _MIX32[1]) & _LOW32
+    x = x ^ (x >> 16)
+    return ((x >> 9).float() + 0.5) * 2.0**-23  # 23 bits and a half: never 0 or 1
 
 
-def hashed_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise computed from (key, token) by splitmix64, all rows in a few elementwise
-    ops on the device: no generator objects, no host loop, nothing a CUDA graph or a fake
-    tensor cannot follow."""
-    x = keys[:, None] + torch.arange(1, vocab + 1, device=keys.device) * _GOLDEN
-    x = (x ^ _shift(x, 30)) * _MIX[0]
-    x = (x ^ _shift(x, 27)) * _MIX[1]
-    x = x ^ _shift(x, 31)
-    uniform = (_shift(x, 40).float() + 0.5) * 2.0**-24  # the top 24 bits, inside (0, 1)
-    return -torch.log(uniform)
+def hashed_race(probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """Each row's token drawn by an exponential race: argmax p / E with E = -log(u) Exp(1).
+    A global factor on a row's probabilities changes nothing, and a last-bit change of one
+    only where it ties with the winner: two routes to the logits draw the same tokens."""
+    return (probs / -torch.log(hashed_uniform(seeds, probs.shape[-1]))).argmax(dim=-1)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
@@ -192,7 +197,7 @@ def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
     argmax: Callable[[torch.Tensor], torch.Tensor],
-    noise: Noise,
+    race: Race,
 ) -> Sampled:
     """Tokens for each row of float32 `logits`, on their device."""
     host, device = batch.host, batch.device
@@ -212,7 +217,7 @@ def sample(
         if host.filters:
             _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
         probs = scaled.softmax(dim=-1)
-        tokens[rows] = (probs / noise(device["noise_keys"], probs.shape[-1])).argmax(dim=-1)
+        tokens[rows] = race(probs, device["seeds"])
     if raw is None:
         return Sampled(tokens, None, [])
     rows = device["logprob_rows"]

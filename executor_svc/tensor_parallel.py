@@ -5,7 +5,7 @@ all-reduce adds up), the embedding and lm_head divided by vocabulary. Where the 
 the KV heads, each KV head is kept by several ranks (vLLM's replication).
 
 Every rank samples the same tokens from the same full logits, with the same seeds (each row's
-noise comes from its key; the keys of unseeded rows from a generator every rank seeds alike),
+noise comes from its seed; the seeds of unseeded rows from a generator every rank seeds alike),
 so sampling runs identically everywhere and nothing but the logits is gathered.
 """
 

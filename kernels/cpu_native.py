@@ -83,6 +83,7 @@ _SIGNATURES = {
     "decode_layer_scratch": [_LONG] * 6,
     "round_to_half": [_PTR, _PTR, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
+    "race_rows": [_PTR, _LONG, _LONG, _PTR, _PTR],
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
 }
@@ -141,7 +142,14 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = argtypes
     lib.decode_layer_scratch.restype = _LONG
     lib.decode_layer.restype = ctypes.c_int
-    lib.linear_f32.restype = lib.linear_bf16.restype = lib.round_to_half.restype = None  # void
+    for void in (
+        lib.linear_f32,
+        lib.linear_bf16,
+        lib.round_to_half,
+        lib.argmax_rows,
+        lib.race_rows,
+    ):
+        void.restype = None
     lib.linear_quantized.restype = lib.linear_weight.restype = ctypes.c_int
     return lib
 
@@ -261,15 +269,3 @@ def linear_weight(
     isa_index = ISAS.index(best_isa())
     address = ctypes.addressof(weight)
     return _product(lib.linear_weight, x, address, out_features, bias, residual, isa_index)
-
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(dim=-1)` for [rows, vocab] logits, the same indices (the first largest;
-    the first NaN), natively for float32 on this CPU."""
-    lib = library() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
-    if lib is None or logits.dim() != 2:
-        return logits.argmax(dim=-1)
-    logits = logits.contiguous()
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
-    lib.argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr())
-    return out

@@ -115,10 +115,15 @@ def test_a_host_tensor_slipped_into_the_step_is_caught(
 def test_a_host_sync_in_the_step_is_caught(
     runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The other mutation: asking the device for a value mid-step (here, as the old sampler
-    did, a per-row generator fed from `.tolist()`)."""
-    from turnstile.executor_svc.sampler import generator_noise
+    """The other mutation: asking the device for a value mid-step (here, as an old sampler
+    did, a torch generator per row seeded from `.tolist()`)."""
 
-    monkeypatch.setattr(runner.backend, "noise", generator_noise)
+    def generators(probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(probs)
+        for row, seed in enumerate(seeds.tolist()):
+            noise[row].exponential_(generator=torch.Generator().manual_seed(seed))
+        return (probs / noise).argmax(dim=-1)
+
+    monkeypatch.setattr(runner.backend, "race", generators)
     with pytest.raises(RuntimeError, match="no data"):
         _steps(runner)

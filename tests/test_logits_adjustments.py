@@ -14,7 +14,7 @@ from turnstile.executor_svc.logits_adjustments import (
     adjust,
     mask_by_grammar,
 )
-from turnstile.executor_svc.sampler import SamplingArrays, SamplingBatch, hashed_noise, sample
+from turnstile.executor_svc.sampler import SamplingArrays, SamplingBatch, hashed_race, sample
 from turnstile.executor_svc.staging import Staging
 from turnstile.shared.protocol import SamplingParams
 
@@ -89,7 +89,7 @@ def sampled(logits: torch.Tensor, params: list[SamplingParams], histories: list)
     index = np.array([len(generated) for _, generated in histories], dtype=np.int64)
     arrays = SamplingArrays.build(params, index, np.random.default_rng(0), history_of(histories))
     batch = SamplingBatch(arrays, Staging(torch.device("cpu")).upload(arrays.arrays()))
-    tokens, _ = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), hashed_noise).to_host()
+    tokens, _ = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), hashed_race).to_host()
     return tokens.tolist()
 
 

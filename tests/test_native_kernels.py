@@ -17,7 +17,7 @@ from turnstile.executor_svc.backends.native_decode import NativeDecode
 from turnstile.executor_svc.backends.packed_projection import PackedProjection
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import SHORT_PREFILL_TOKENS
-from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
 from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.settings import build
 
@@ -75,7 +75,7 @@ def test_argmax_picks_what_torch_picks(rows: int, vocab: int) -> None:
     with_nans[:, [vocab // 3, vocab - 1]] = float("nan")
     masked = torch.full((rows, vocab), -float("inf"))
     for case in (logits, ties, with_nans, masked):
-        assert torch.equal(cpu_native.argmax(case), case.argmax(dim=-1))
+        assert torch.equal(native_sampling.argmax(case), case.argmax(dim=-1))
 
 
 def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
@@ -174,7 +174,7 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
     monkeypatch.setattr(cpu_native, "library", lambda: None)
     assert name() == "torch"
     logits = torch.randn(3, 50)
-    assert torch.equal(cpu_native.argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(native_sampling.argmax(logits), logits.argmax(dim=-1))
 
 
 @pytest.mark.slow

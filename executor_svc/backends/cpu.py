@@ -19,7 +19,7 @@ from turnstile.executor_svc.model.attention import PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
-from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
 from turnstile.kernels.quantized_weights import (
     PackedWeight,
     QuantizedWeight,
@@ -124,4 +124,7 @@ class CpuNativeBackend(Backend):
         return self._native(hidden, positions, rows.plan, rows.slot_mapping, self.kv_caches)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        return cpu_native.argmax(logits)
+        return native_sampling.argmax(logits)
+
+    def race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        return native_sampling.race(probs, seeds)

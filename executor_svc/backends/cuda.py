@@ -17,7 +17,6 @@ from turnstile.executor_svc.backends.cuda_graphs import DecodeGraphs, capture_si
 from turnstile.executor_svc.model.attention import PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.runner_config import RunnerConfig
-from turnstile.executor_svc.sampler import hashed_noise
 from turnstile.kernels import triton_ops
 from turnstile.shared.model_info import ModelInfo
 
@@ -64,6 +63,3 @@ class CudaBackend(Backend):
             if hidden is not None:
                 return hidden
         return super().forward(step)
-
-    def noise(self, keys: torch.Tensor, vocab: int) -> torch.Tensor:
-        return hashed_noise(keys, vocab)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turnstile.bench.parity_bench import greedy_requests, prompt_ids
+from turnstile.bench.requantize import Q, everywhere, requantize
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import OfflineEngine
 from turnstile.shared.model_info import embedded_model_path, read_model_info
@@ -44,15 +45,17 @@ def perplexity(engine: OfflineEngine, text_ids: list[int]) -> float:
     return math.exp(-sum(logprobs) / len(logprobs))
 
 
-def measure(new_tokens: int = 64, paths: tuple[str, ...] = tuple(PATHS)) -> dict[str, Quality]:
-    """Each path's quality on the embedded model; float32 is the reference."""
-    model = embedded_model_path()
+def measure(
+    new_tokens: int = 64, paths: tuple[str, ...] = tuple(PATHS), model: Path | None = None
+) -> dict[str, Quality]:
+    """Each path's quality on `model` (the embedded one by default); float32 is the reference."""
+    model = model or embedded_model_path()
     text_ids = Tokenizer(model, read_model_info(model)).encode(TEXT.read_text())
     prompts = prompt_ids()
     report: dict[str, Quality] = {}
     reference: list[list[int]] = []
     for name in ("float32", *(p for p in paths if p != "float32")):
-        engine = OfflineEngine(build(RunnerConfig, num_blocks=512, **PATHS[name]))
+        engine = OfflineEngine(build(RunnerConfig, model=str(model), num_blocks=512, **PATHS[name]))
         tokens = [r.token_ids for r in engine.generate(greedy_requests(prompts, new_tokens))]
         reference = reference or tokens
         same = sum(
@@ -62,4 +65,17 @@ def measure(new_tokens: int = 64, paths: tuple[str, ...] = tuple(PATHS)) -> dict
         identical = sum(ours == ref for ours, ref in zip(tokens, reference, strict=True))
         report[name] = Quality(perplexity(engine, text_ids), identical, same,
                                new_tokens * len(prompts))  # fmt: skip
+    return report
+
+
+def measure_formats(
+    kinds: tuple[str, ...], folder: Path, new_tokens: int = 64
+) -> dict[str, dict[str, Quality]]:
+    """For each GGUF block type, the embedded model's layer matrices stored in it where their
+    rows are whole blocks (K-quants: only the down projections, 1,536 inputs; the rest stays
+    Q4_1), the default quantized path against the float32 path of that same file."""
+    report = {}
+    for kind in kinds:
+        model = requantize(embedded_model_path(), folder / f"{kind}.gguf", everywhere(Q[kind]))
+        report[kind] = measure(new_tokens, ("float32", "gguf"), model)
     return report

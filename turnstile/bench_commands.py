@@ -39,16 +39,25 @@ def parity(args: argparse.Namespace) -> None:
 
 
 def quality(args: argparse.Namespace) -> None:
-    from turnstile.bench.quality_bench import measure
+    import os
+    import tempfile
 
-    report = measure(args.new_tokens)
-    reference = report["float32"].perplexity
-    for name, q in report.items():
-        print(
-            f"{name}: perplexity {q.perplexity:.4f} ({q.perplexity / reference - 1:+.2%} vs "
-            f"float32); {q.identical} of 9 prompts identical to float32, {q.same_prefix} of "
-            f"{q.tokens} tokens before the first divergence"
-        )
+    from turnstile.bench.quality_bench import measure, measure_formats
+
+    embedded = measure(args.new_tokens)
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["TURNSTILE_CACHE"] = folder  # the float32 copies of its files: 0.5 GB each
+        formats = measure_formats(args.formats, Path(folder), args.new_tokens)
+    reports = {"the embedded file": embedded} | {f"layers in {k}": r for k, r in formats.items()}
+    for model, report in reports.items():
+        reference = report["float32"].perplexity
+        for name, q in report.items():
+            change = q.perplexity / reference - 1
+            print(
+                f"{model}, {name}: perplexity {q.perplexity:.4f} ({change:+.2%} vs float32); "
+                f"{q.identical} of 9 prompts identical to float32, {q.same_prefix} of "
+                f"{q.tokens} tokens before the first divergence"
+            )
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -278,6 +287,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "quality", help="each weight format against float32: greedy agreement, perplexity"
     )
     command.add_argument("--new-tokens", type=int, default=64)
+    command.add_argument(
+        "--formats", nargs="*", default=["Q4_0", "Q8_0", "Q4_K", "Q6_K"],
+        help="block types to store the embedded model's layers in again and measure too",
+    )  # fmt: skip
     command.set_defaults(handler=quality)
     command = bench.add_parser(
         "gpu", help="the CUDA backend on this GPU: HF parity, speed, roofline, a served run"

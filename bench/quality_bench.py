@@ -5,6 +5,8 @@ first divergence) and perplexity on a fixed text (`data/quality_text.txt`, shipp
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +81,23 @@ def measure_formats(
         model = requantize(embedded_model_path(), folder / f"{kind}.gguf", everywhere(Q[kind]))
         report[kind] = measure(new_tokens, ("float32", "gguf"), model)
     return report
+
+
+def report(new_tokens: int, kinds: tuple[str, ...]) -> list[str]:
+    """`turnstile bench quality`'s lines: the embedded file's paths, then each of `kinds`."""
+    reports = {"the embedded file": measure(new_tokens)}
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["TURNSTILE_CACHE"] = folder  # the float32 copies of its files: 0.5 GB each
+        for kind, quality in measure_formats(kinds, Path(folder), new_tokens).items():
+            reports[f"layers in {kind}"] = quality
+    lines = []
+    for model, paths in reports.items():
+        reference = paths["float32"].perplexity
+        lines += [
+            f"{model}, {name}: perplexity {q.perplexity:.4f} "
+            f"({q.perplexity / reference - 1:+.2%} vs float32); {q.identical} of 9 prompts "
+            f"identical to float32, {q.same_prefix} of {q.tokens} tokens before the first "
+            "divergence"
+            for name, q in paths.items()
+        ]
+    return lines

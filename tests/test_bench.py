@@ -4,6 +4,7 @@ import pytest
 
 from turnstile.bench.compare_bench import fewest_steps, ideal_ratio
 from turnstile.bench.serve_bench import Job, Outcome, arrival_gap, make_jobs, summarize
+from turnstile.kernels import cpu_native
 
 
 def test_datasets_are_seeded_and_shaped_as_documented() -> None:
@@ -105,3 +106,12 @@ def test_compare_counts_steps_from_the_servers_own_counters() -> None:
         assert results[static]["steps"] == longest_per_batch  # type: ignore[index]
     assert results["continuous"]["steps"] < results["padded"]["steps"]  # type: ignore[index]
     assert results["continuous"]["steps"] >= results["fewest_steps"]  # type: ignore[index]
+
+
+@pytest.mark.skipif(cpu_native.library() is None, reason="no native CPU kernels")
+def test_the_sampler_bench_times_each_draw_on_the_same_probabilities() -> None:
+    from turnstile.bench.sampler_bench import measure
+
+    times = measure(rows=4, vocab=1000, repeats=2)
+    assert list(times) == ["softmax", "torch hashed race", "native race"]
+    assert all(ms > 0 for ms in times.values())

@@ -39,25 +39,16 @@ def parity(args: argparse.Namespace) -> None:
 
 
 def quality(args: argparse.Namespace) -> None:
-    import os
-    import tempfile
+    from turnstile.bench.quality_bench import report
 
-    from turnstile.bench.quality_bench import measure, measure_formats
+    print("\n".join(report(args.new_tokens, args.formats)))
 
-    embedded = measure(args.new_tokens)
-    with tempfile.TemporaryDirectory() as folder:
-        os.environ["TURNSTILE_CACHE"] = folder  # the float32 copies of its files: 0.5 GB each
-        formats = measure_formats(args.formats, Path(folder), args.new_tokens)
-    reports = {"the embedded file": embedded} | {f"layers in {k}": r for k, r in formats.items()}
-    for model, report in reports.items():
-        reference = report["float32"].perplexity
-        for name, q in report.items():
-            change = q.perplexity / reference - 1
-            print(
-                f"{model}, {name}: perplexity {q.perplexity:.4f} ({change:+.2%} vs float32); "
-                f"{q.identical} of 9 prompts identical to float32, {q.same_prefix} of "
-                f"{q.tokens} tokens before the first divergence"
-            )
+
+def sampler(args: argparse.Namespace) -> None:
+    from turnstile.bench.sampler_bench import measure
+
+    for name, ms in measure(args.rows, args.vocab, args.repeats).items():
+        print(f"{args.rows} rows x {args.vocab} tokens, {name}: {ms:.2f} ms (median)")
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -206,18 +197,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--range-ratio", type=float, default=0.0)
     command.add_argument("--num-prefixes", type=int, default=4)
     command.add_argument("--prefix-len", type=int, default=512)
-    command.add_argument(
-        "--rate",
-        type=float,
-        default=float("inf"),
-        help="arrivals per second (default: all at once)",
-    )
-    command.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        help="shape of the gamma-distributed gaps: 1 Poisson, <1 burstier, inf evenly spaced",
-    )
+    command.add_argument("--rate", type=float, default=float("inf"),
+                         help="arrivals per second (default: all at once)")  # fmt: skip
+    command.add_argument("--burstiness", type=float, default=1.0, help="the gaps' gamma "
+                         "shape: 1 Poisson, <1 burstier, inf evenly spaced")  # fmt: skip
     command.add_argument("--concurrency", type=int, default=None)
     command.add_argument(
         "--structured-output",
@@ -292,6 +275,11 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         help="block types to store the embedded model's layers in again and measure too",
     )  # fmt: skip
     command.set_defaults(handler=quality)
+    command = bench.add_parser("sampler", help="a step's random draw: torch's and the native race")
+    command.add_argument("--rows", type=int, default=64)
+    command.add_argument("--vocab", type=int, default=49_152)
+    command.add_argument("--repeats", type=int, default=20)
+    command.set_defaults(handler=sampler)
     command = bench.add_parser(
         "gpu", help="the CUDA backend on this GPU: HF parity, speed, roofline, a served run"
     )

@@ -5,12 +5,11 @@ Weights as the model holds them (random values; the time does not depend on them
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from turnstile.bench.timing import median_ms
 from turnstile.kernels import cpu_native
 from turnstile.kernels.quantized_weights import QuantizedWeight, pack
 from turnstile.shared.model_info import embedded_model_path, read_model_info
@@ -23,16 +22,6 @@ def _shapes() -> list[tuple[int, int]]:
     layer = [(qkv, hidden), (hidden, info.num_heads * info.head_dim), (2 * inner, hidden),
              (hidden, inner)]  # fmt: skip
     return layer * info.num_layers
-
-
-def _median_ms(run: Callable[[], None], repeats: int) -> float:
-    run()  # warm: caches built, pages touched
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
 
 
 def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
@@ -63,7 +52,7 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
     report: dict[int, dict[str, float]] = {}
     for count in rows:
         xs = {i: torch.randn(count, i, generator=generator) for _, i in shapes}
-        report[count] = {"bf16": _median_ms(products(xs, None), repeats)}
+        report[count] = {"bf16": median_ms(products(xs, None), repeats)}
         for isa in cpu_native.usable_isas():
-            report[count][f"q4_1 {isa}"] = _median_ms(products(xs, isa), repeats)
+            report[count][f"q4_1 {isa}"] = median_ms(products(xs, isa), repeats)
     return report

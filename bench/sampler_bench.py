@@ -4,25 +4,12 @@ native race, with the softmax that comes before either for scale."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
+from turnstile.bench.timing import median_ms
 from turnstile.executor_svc.sampler import hashed_race, row_seeds
 from turnstile.kernels import native_sampling
-
-
-def _median_ms(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def measure(rows: int, vocab: int, repeats: int) -> dict[str, float]:
@@ -31,7 +18,7 @@ def measure(rows: int, vocab: int, repeats: int) -> dict[str, float]:
     probs = logits.softmax(dim=-1)
     seeds = torch.from_numpy(row_seeds(np.arange(rows)))
     return {
-        "softmax": _median_ms(lambda: logits.softmax(dim=-1), repeats),
-        "torch hashed race": _median_ms(lambda: hashed_race(probs, seeds), repeats),
-        "native race": _median_ms(lambda: native_sampling.race(probs, seeds), repeats),
+        "softmax": median_ms(lambda: logits.softmax(dim=-1), repeats),
+        "torch hashed race": median_ms(lambda: hashed_race(probs, seeds), repeats),
+        "native race": median_ms(lambda: native_sampling.race(probs, seeds), repeats),
     }

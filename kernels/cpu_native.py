@@ -87,7 +87,9 @@ _SIGNATURES = {
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
 }
-ISAS = ("avx2", "avx512_vnni")  # the quantized product's tiles, as quantized.c numbers them
+# The quantized product's tiles, as quantized.c numbers them: 256-bit without VNNI, 256-bit
+# VNNI (AVX-VNNI, or AVX512-VL's encoding of it), 512-bit VNNI.
+ISAS = ("avx2", "avx_vnni", "avx512_vnni")
 
 
 @functools.cache
@@ -228,13 +230,18 @@ def linear(
 @functools.cache
 def best_isa() -> str:
     """The widest of `ISAS` this CPU runs."""
-    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
-    return "avx512_vnni" if avx512 else "avx2"
+    return usable_isas()[-1]
 
 
 def usable_isas() -> tuple[str, ...]:
-    """Every ISA of `ISAS` this CPU runs: AVX2, and AVX-512 VNNI where it has it."""
-    return ISAS[: ISAS.index(best_isa()) + 1]
+    """Every ISA of `ISAS` this CPU runs: AVX2, and the VNNI tiles where it has VNNI."""
+    flags = cpu_flags()
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    return tuple(
+        isa
+        for isa, runs in zip(ISAS, (True, avx512 or "avx_vnni" in flags, avx512), strict=True)
+        if runs
+    )
 
 
 def linear_quantized(

@@ -8,7 +8,16 @@
 #include "quantized.h"
 #include "simd.h"
 
-enum { ISA_AVX2 = 0, ISA_AVX512_VNNI = 1 };
+enum { ISA_AVX2 = 0, ISA_AVX_VNNI = 1, ISA_AVX512_VNNI = 2 };
+
+typedef void (*Product)(const QProduct *, long, int, long);
+
+/* 256-bit VNNI in the encoding this CPU has: AVX-VNNI's, else AVX512-VL's. */
+static Product product_for(int isa) {
+    if (isa == ISA_AVX512_VNNI) return qproduct_avx512;
+    if (isa != ISA_AVX_VNNI) return qproduct_avx2;
+    return __builtin_cpu_supports("avxvnni") ? qproduct_avx_vnni : qproduct_avx512vl_vnni;
+}
 
 static inline float max_lanes(__m256 v) {
     __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -78,8 +87,7 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
     float *sx = scales + M * blocks, *sh = sx + M * blocks;
     quantize_rows(x, M, K, xq, scales, sx, sh);
     QProduct p = {xq, scales, sx, sh, w, y, bias, residual, M, N, K, ldy, bits};
-    void (*product)(const QProduct *, long, int, long) =
-        isa == ISA_AVX512_VNNI ? qproduct_avx512 : qproduct_avx2;
+    const Product product = product_for(isa);
     const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;
     const int rest = (int)(M - full);
 #pragma omp parallel

@@ -35,6 +35,8 @@ typedef struct {
 void qstore_tile(const QProduct *p, long row, int rows, long first, const float *out);
 /* Rows [row, row + rows) (at most 6) against one panel. */
 void qproduct_avx2(const QProduct *p, long row, int rows, long panel);
+void qproduct_avx_vnni(const QProduct *p, long row, int rows, long panel);
+void qproduct_avx512vl_vnni(const QProduct *p, long row, int rows, long panel);
 void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
 
 /* A row's block sums into OUT, in vectors of V bits (256 or 512) of output features: `d`, `m`

@@ -86,10 +86,17 @@ def measure_formats(
 def report(new_tokens: int, kinds: tuple[str, ...]) -> list[str]:
     """`turnstile bench quality`'s lines: the embedded file's paths, then each of `kinds`."""
     reports = {"the embedded file": measure(new_tokens)}
+    cache = os.environ.get("TURNSTILE_CACHE")
     with tempfile.TemporaryDirectory() as folder:
         os.environ["TURNSTILE_CACHE"] = folder  # the float32 copies of its files: 0.5 GB each
-        for kind, quality in measure_formats(kinds, Path(folder), new_tokens).items():
-            reports[f"layers in {kind}"] = quality
+        try:
+            for kind, quality in measure_formats(kinds, Path(folder), new_tokens).items():
+                reports[f"layers in {kind}"] = quality
+        finally:
+            if cache is None:
+                del os.environ["TURNSTILE_CACHE"]
+            else:
+                os.environ["TURNSTILE_CACHE"] = cache
     lines = []
     for model, paths in reports.items():
         reference = paths["float32"].perplexity

@@ -2,7 +2,8 @@
  * E_i = -log(u_i) and u_i hashed from (the row's seed, i) exactly as sampler.hashed_uniform
  * hashes it. A token can beat the leader's key only where p_i > key * (1 - u_i), because
  * -log(u) >= 1 - u: a hash, a multiply and a compare reject nearly every token, and the log
- * is taken for the few that pass (about ten a row), not for every token as torch's race does. */
+ * is taken for the few that pass (some twenty a row: docs/benchmarks.md), not for every token
+ * as torch's race does. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

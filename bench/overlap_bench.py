@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import zmq
@@ -45,7 +47,9 @@ SPIN_SECONDS = 3e-4
 
 
 class FixedTimeRunner:
-    """Plans applied as a real executor applies them, scripted tokens, and a fixed step time."""
+    """Plans applied as a real executor applies them, scripted tokens, and a device that takes
+    a fixed time a step: a step starts once launched and the step before it has ended, and its
+    tokens are there when it ends (as a GPU's stream runs launched work in order)."""
 
     def __init__(self, engine: EngineConfig, info: ModelInfo, step_seconds: float) -> None:
         self.info, self.engine, self.step_seconds = info, engine, step_seconds
@@ -61,16 +65,30 @@ class FixedTimeRunner:
             info.eos_token_id, lambda _: 10**9,
         )  # fmt: skip
         self.executor.applier.step = first_step - 1
+        self.free_at = 0.0  # when the device ends the last step launched
 
-    def execute(self, plan: BatchPlan) -> StepResult:
-        deadline = time.perf_counter() + self.step_seconds
-        result = self.executor.execute(plan)
+    def launch(self, plan: BatchPlan) -> TimedStep:
+        self.free_at = max(time.perf_counter(), self.free_at) + self.step_seconds
+        return TimedStep(plan.step, self.executor.execute(plan), self.free_at)
+
+
+class TimedStep:
+    def __init__(self, step: int, answer: StepResult, ends_at: float) -> None:
+        self.step, self.answer, self.ends_at = step, answer, ends_at
+
+    def done(self) -> bool:
+        return time.perf_counter() >= self.ends_at
+
+    def wait(self) -> None:
         # A sleep overshoots by ~0.1 ms here: sleep most of the way, spin the rest.
-        if (left := deadline - time.perf_counter()) > SPIN_SECONDS:
+        if (left := self.ends_at - time.perf_counter()) > SPIN_SECONDS:
             time.sleep(left - SPIN_SECONDS)
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < self.ends_at:
             pass
-        return result
+
+    def result(self) -> StepResult:
+        self.wait()
+        return self.answer
 
 
 def _fixed_time_executor(config: ExecutorServiceConfig, step_seconds: float) -> None:
@@ -106,34 +124,41 @@ def _steps_per_second(gateway_address: str, running: int, window: float) -> floa
                     return (steps - 1) / (now - counted)
 
 
-def simulated(step_ms: float, running: int, window: float, rounds: int) -> dict[str, object]:
+@contextlib.contextmanager
+def simulated_stack(step_seconds: float, running: int, ahead: bool) -> Iterator[str]:
+    """The real scheduler process and a fixed-time executor process; yields the scheduler's
+    gateway address."""
     spawn = multiprocessing.get_context("spawn")
     engine = EngineConfig(max_num_seqs=running, max_model_len=None)
+    with tempfile.TemporaryDirectory() as run_dir:
+        addresses = AddressConfig(
+            f"ipc://{run_dir}/scheduler.sock", f"ipc://{run_dir}/executors.sock"
+        )
+        scheduling = SchedulingConfig(
+            max_num_batched_tokens=running * PROMPT_LEN, async_scheduling=ahead
+        )
+        scheduler = SchedulerServiceConfig(engine, addresses, scheduling)
+        executor = ExecutorServiceConfig(RunnerConfig(engine), addresses)
+        children = [
+            spawn.Process(target=run_service, args=(Service("scheduler", scheduler),)),
+            spawn.Process(target=_fixed_time_executor, args=(executor, step_seconds)),
+        ]
+        for child in children:
+            child.start()
+        try:
+            yield addresses.scheduler_address or ""
+        finally:
+            for child in children:
+                child.kill()
+                child.join()
+
+
+def simulated(step_ms: float, running: int, window: float, rounds: int) -> dict[str, object]:
     per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(rounds):
         for mode, ahead in MODES.items():
-            with tempfile.TemporaryDirectory() as run_dir:
-                addresses = AddressConfig(
-                    f"ipc://{run_dir}/scheduler.sock", f"ipc://{run_dir}/executors.sock"
-                )
-                scheduling = SchedulingConfig(
-                    max_num_batched_tokens=running * PROMPT_LEN, async_scheduling=ahead
-                )
-                scheduler = SchedulerServiceConfig(engine, addresses, scheduling)
-                executor = ExecutorServiceConfig(RunnerConfig(engine), addresses)
-                children = [
-                    spawn.Process(target=run_service, args=(Service("scheduler", scheduler),)),
-                    spawn.Process(target=_fixed_time_executor, args=(executor, step_ms / 1000)),
-                ]
-                for child in children:
-                    child.start()
-                try:
-                    rate = _steps_per_second(addresses.scheduler_address or "", running, window)
-                finally:
-                    for child in children:
-                        child.kill()
-                        child.join()
-            per_mode[mode].append(rate)
+            with simulated_stack(step_ms / 1000, running, ahead) as address:
+                per_mode[mode].append(_steps_per_second(address, running, window))
     ideal = 1000 / step_ms
     return {
         "setup": {"step_ms": step_ms, "running": running, "window_s": window, "rounds": rounds},

@@ -28,6 +28,7 @@ from turnstile.executor_svc.sampler import (
     sample,
 )
 from turnstile.executor_svc.staging import Staging
+from turnstile.executor_svc.step_in_flight import Carry
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight
 from turnstile.kernels.reference import DecodePlan, PrefillPlan
@@ -127,12 +128,19 @@ class Backend(ABC):
     def route(self, layout: StepLayout) -> Route:
         return Route.LAYERS
 
-    def upload(self, inputs: StepInputs, sampling: SamplingArrays) -> DeviceStep:
-        """The step's host arrays, laid out for its route, onto the device in one copy."""
+    def upload(
+        self, inputs: StepInputs, sampling: SamplingArrays, carry: Carry | None = None
+    ) -> DeviceStep:
+        """The step's host arrays, laid out for its route, onto the device in one copy; the
+        tokens the step before samples, taken from it there (`carry`)."""
         layout = StepLayout(inputs)
         route = self.route(layout)
         arrays = layout.arrays(route.value) | sampling.arrays()
+        if carry is not None:
+            arrays |= {"carry_to": carry.to, "carry_from": carry.source}
         on = self.staging.upload(arrays)
+        if carry is not None:
+            on["input_ids"][on["carry_to"]] = carry.tokens[on["carry_from"]].long()
         size = self.config.engine.block_size
         common = {
             "input_ids": on["input_ids"],

@@ -13,15 +13,22 @@ from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.weights import load_weights
-from turnstile.executor_svc.plan_applier import PlanApplier, StepInputs
+from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
-from turnstile.executor_svc.sampler import Sampled, SamplingArrays
+from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
+from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep, StepInFlight
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
 from turnstile.kernels import cpu_native
 from turnstile.shared.model_info import ModelInfo, read_model_info
-from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids, unpack_ids
+from turnstile.shared.protocol import (
+    BatchPlan,
+    StepResult,
+    adjusts_logits,
+    pack_ids,
+    unpack_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,7 @@ class ModelRunner:
         self.backend.bind(self.model, self.kv_caches)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
         self.grammars = Grammars(config.model_path, self.info)
+        self._in_flight: list[StepInFlight] = []  # launched, oldest first, not yet settled
         self._mask_staging = Staging(self.device)  # the grammars' masks, once the step runs
         # Unseeded rows draw keys from this generator: every rank seeds it alike.
         self._rng = np.random.default_rng(self.tp.shared_seed(self.device))
@@ -93,6 +101,7 @@ class ModelRunner:
         )
         self.applier.step = first_step - 1
         self.grammars.clear()
+        self._in_flight = []
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info
@@ -100,7 +109,7 @@ class ModelRunner:
         per_block *= info.head_dim * self.kv_dtype.itemsize
         return max(1, int(gib * 2**30) // per_block)
 
-    def upload(self, inputs: StepInputs) -> DeviceStep:
+    def upload(self, inputs: StepInputs, carry: Carry | None = None) -> DeviceStep:
         """The step onto the device, with its rows' sampling parameters."""
         rows = inputs.sample_rows
         table = self.applier.batch
@@ -116,7 +125,7 @@ class ModelRunner:
         sampling = SamplingArrays.build(params, output_index, self._rng, history, adjusting)  # type: ignore[arg-type]
         if self.applier.wants_prompt_logprobs:
             sampling.prompt = PromptPositions.build(inputs, table, self.applier.sampling)
-        return self.backend.upload(inputs, sampling)
+        return self.backend.upload(inputs, sampling, carry)
 
     @torch.inference_mode()
     def run(
@@ -141,31 +150,71 @@ class ModelRunner:
             table = prompt_table(prompt_logits, on["prompt_targets"], width)
         return self.backend.sample(logits, step.sampling), table
 
-    @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> StepResult:
+        """Run a step to its end."""
+        return self.launch(plan).result()
+
+    @torch.inference_mode()
+    def launch(self, plan: BatchPlan) -> PendingStep:
+        """Start a step without waiting for the one before it to end: where its inputs are
+        that step's tokens, they are taken from it on the device. A step whose rows read the
+        tokens on the host (a grammar, penalties, bad words) waits for them first."""
+        for older in self._in_flight[:-1]:
+            older.result()
+        if self._in_flight and self._needs_tokens(plan):
+            self._in_flight[-1].result()
+        self._in_flight = [flight for flight in self._in_flight if not flight.settled]
         inputs = self.applier.apply(plan)
         self.follow_grammars(plan)
         if len(inputs.rows) == 0:
             self.applier.commit(np.empty(0, dtype=np.int64))
-            return StepResult(step=plan.step)
-        step = self.upload(inputs)
+            return ReadyStep(plan.step, StepResult(step=plan.step))
+        step = self.upload(inputs, self._carry(inputs))
         constrained = self.applier.batch.req_ids[inputs.sample_rows] if self.grammars else None
-        result, table = self.run(step, constrained)
-        sampled, logprobs = result.to_host()
-        self.applier.commit(sampled)
-        if constrained is not None:
-            self.grammars.accept(constrained, sampled)
+        sampled, table = self.run(step, constrained)
+        reserved = self.applier.reserve()
         prompt = step.sampling.host.prompt
-        prompt_logprobs = (
-            [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
-        )
-        return StepResult(
-            step=plan.step,
-            sampled=pack_ids(sampled),
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            refused=self.grammars.take_refused(),
-        )
+
+        def finish(tokens: np.ndarray, logprobs: Logprobs) -> StepResult:
+            self.applier.fill(reserved, tokens)
+            if constrained is not None:
+                self.grammars.accept(constrained, tokens)
+            prompt_logprobs = (
+                [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
+            )
+            return StepResult(
+                step=plan.step,
+                sampled=pack_ids(tokens),
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                refused=self.grammars.take_refused(),
+            )
+
+        flight = StepInFlight(plan.step, sampled, reserved.rows, finish)
+        self._in_flight.append(flight)
+        return flight
+
+    def _needs_tokens(self, plan: BatchPlan) -> bool:
+        """Whether the step's rows read their tokens on the host."""
+        current = self.applier.adjusts[self.applier.batch.order].any()
+        joining = any(adjusts_logits(n.sampling) or n.sampling.grammar for n in plan.new)
+        return bool(self.grammars) or bool(current) or joining
+
+    def _carry(self, inputs: StepInputs) -> Carry | None:
+        """Which of the step's input tokens the step still in flight samples, and where."""
+        holes = np.flatnonzero(inputs.input_ids == HOLE)
+        if not len(holes):
+            return None
+        if not self._in_flight:
+            raise RuntimeError("step inputs wait on tokens no step in flight samples")
+        flight = self._in_flight[-1]  # only the latest can be unsettled here
+        row_of = np.full(self.applier.batch.capacity, -1, dtype=np.int64)
+        row_of[flight.rows] = np.arange(len(flight.rows))
+        owner = np.repeat(inputs.rows, np.diff(inputs.query_start_loc))[holes]
+        source = row_of[owner]
+        if (source < 0).any():
+            raise RuntimeError("step inputs wait on tokens no step in flight samples")
+        return Carry(holes, source, flight.sampled.tokens)
 
     def follow_grammars(self, plan: BatchPlan) -> None:
         """Matchers for the constrained requests that joined; none for those that left."""

@@ -31,6 +31,18 @@ class StepInputs:
     sample_rows: np.ndarray  # slots that sample a token, in row order
 
 
+HOLE = -1  # a token sampled by a step still running: known on the device only
+
+
+@dataclass(slots=True, frozen=True)
+class Reserved:
+    """The tokens a step samples, counted before they are known: slot, index, request."""
+
+    rows: np.ndarray
+    at: np.ndarray
+    req_ids: np.ndarray
+
+
 class PlanApplier:
     def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
         self.batch = BatchTable(capacity, max_model_len, block_size)
@@ -79,7 +91,20 @@ class PlanApplier:
 
     def commit(self, sampled: np.ndarray) -> None:
         """Record the tokens sampled for `StepInputs.sample_rows`; they are next step's inputs."""
-        self.batch.append_tokens(self._sample_rows, sampled)
+        self.fill(self.reserve(), sampled)
+
+    def reserve(self) -> Reserved:
+        """Count the tokens the last step's rows sample before they are known (`HOLE`s), so
+        the next step can be planned on the host while this one runs on the device."""
+        rows = self._sample_rows
+        at = self.batch.num_tokens[rows].copy()
+        self.batch.append_tokens(rows, np.full(len(rows), HOLE, dtype=np.int32))
+        return Reserved(rows, at, self.batch.req_ids[rows].copy())
+
+    def fill(self, reserved: Reserved, sampled: np.ndarray) -> None:
+        """The reserved tokens, once known, for the rows still held by the same requests."""
+        kept = self.batch.req_ids[reserved.rows] == reserved.req_ids
+        self.batch.tokens[reserved.rows[kept], reserved.at[kept]] = sampled[kept]
 
     def _inputs(self, rows: np.ndarray, counts: np.ndarray) -> StepInputs:
         batch = self.batch

@@ -126,14 +126,20 @@ class Sampled:
     logprobs: torch.Tensor | None  # per asking row, float64: sampled, top N ids, top N values
     asking: list[tuple[int, int]]  # (row, N) for each row of `logprobs`
 
-    def to_host(self) -> tuple[np.ndarray, Logprobs]:
-        """One device-to-host copy: the tokens, with the logprobs folded in when asked for
-        (ids below 2**53 are exact in float64). Per row, [(token, its logprob), top N...]."""
+    def packed(self) -> torch.Tensor:
+        """What the host needs, as one tensor for one device-to-host copy: the tokens, then
+        the logprobs when asked for (float64: ids below 2**53 are exact)."""
+        if self.logprobs is None:
+            return self.tokens
+        return torch.cat((self.tokens.double(), self.logprobs.reshape(-1)))
+
+    def unpack(self, both: np.ndarray) -> tuple[np.ndarray, Logprobs]:
+        """The host's copy of `packed()`: the tokens, and per row [(token, its logprob), top
+        N...] where asked for."""
         rows = self.tokens.shape[0]
         result: Logprobs = [[] for _ in range(rows)]
         if self.logprobs is None:
-            return self.tokens.cpu().numpy(), result
-        both = torch.cat((self.tokens.double(), self.logprobs.reshape(-1))).cpu().numpy()
+            return both.astype(np.int64, copy=False), result
         tokens = both[:rows].astype(np.int64)
         table = both[rows:].reshape(len(self.asking), -1)
         width = (table.shape[1] - 1) // 2
@@ -142,6 +148,10 @@ class Sampled:
             top = zip(ids, entry[1 + width : 1 + width + n].tolist(), strict=True)
             result[row] = [(int(tokens[row]), float(entry[0])), *top]
         return tokens, result
+
+    def to_host(self) -> tuple[np.ndarray, Logprobs]:
+        """`unpack` of `packed`, copied at once (a sync on a GPU)."""
+        return self.unpack(self.packed().cpu().numpy())
 
 
 # splitmix64's constants, and murmur3's finalizer's with Knuth's 32-bit golden ratio.

@@ -17,13 +17,16 @@ class Staging:
         self._host = torch.empty(0, dtype=torch.int64)
 
     def upload(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Each array as a tensor on the device, int64 or float64, in its shape. The buffer
-        is reused by the next step: a step ends with a device-to-host copy, which the copy
-        here precedes in the stream, so it is done by then."""
+        """Each array as a tensor on the device, int64 or float64, in its shape. On CUDA the
+        buffer is new each time: the next step is staged while this one's copy may still be
+        queued, and torch's pinned allocator hands a buffer out again only once its copies
+        are done. Elsewhere a step has run before the next is staged: one buffer serves all."""
         total = sum(array.size for array in arrays.values())
-        if total > self._host.numel():
+        if self._pinned:
+            self._host = torch.empty(max(total, 1), dtype=torch.int64, pin_memory=True)
+        elif total > self._host.numel():
             size = max(total, 2 * self._host.numel(), 1024)
-            self._host = torch.empty(size, dtype=torch.int64, pin_memory=self._pinned)
+            self._host = torch.empty(size, dtype=torch.int64)
         host = self._host.numpy()
         spans = []
         offset = 0

@@ -14,13 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from plan_ahead import answers, scheduler_for
 
+from turnstile.executor_svc import step_in_flight
+from turnstile.executor_svc.backend import DeviceStep
 from turnstile.executor_svc.model_runner import ModelRunner
+from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.staging import Staging
-from turnstile.scheduler_svc.scheduler import Scheduler
-from turnstile.shared.config import SchedulerConfig
-from turnstile.shared.protocol import AddRequest, Grammar, SamplingParams, StepResult, pack_ids
+from turnstile.executor_svc.step_in_flight import Carry, PendingStep, StepInFlight
+from turnstile.shared.protocol import AddRequest, BatchPlan, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
 
 PARAMS = [
@@ -41,58 +44,79 @@ def runner() -> ModelRunner:
     return ModelRunner(config)
 
 
-def _steps(runner: ModelRunner) -> list[set[str]]:
-    """Run the real scheduler's plans on meta until every request is done; the kinds of rows
-    (prefill, decode) in each step."""
-    scheduler = Scheduler(
-        build(
-            SchedulerConfig, num_blocks=runner.num_blocks, block_size=16, max_num_seqs=8,
-            max_num_batched_tokens=24, max_model_len=runner.max_model_len,
-        ),
-        eos_token_ids=runner.info.all_eos_token_ids,
-        vocab_size=runner.info.vocab_size,
-    )  # fmt: skip
-    runner.reset(1)
+class _MetaCopy:
+    """The sampled tokens' copy to the host: meta has no values to copy, so token 42 (and
+    its logprobs, 42 too) stands in for them."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.shape = tuple(tensor.shape)
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def numpy(self) -> np.ndarray:
+        return np.full(self.shape, 42.0)
+
+
+@pytest.fixture(autouse=True)
+def _meta_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(step_in_flight, "HostCopy", _MetaCopy)
+
+
+def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """Run the real scheduler's plans on meta until every request is done, each launched
+    behind the one before (its inputs take that step's tokens on the device); the kinds of
+    rows (prefill, decode) in each step. Checks that some tokens were taken so."""
     prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 8], list(range(300, 317)), [9] * 20]
-    for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True)):
-        scheduler.add_request(
-            AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
-                       sampling=params)
-        )  # fmt: skip
-    kinds = []
-    while scheduler.has_work:
-        plan = scheduler.schedule()
-        inputs = runner.applier.apply(plan)
-        runner.follow_grammars(plan)
-        step = runner.upload(inputs)
-        constrained = runner.applier.batch.req_ids[inputs.sample_rows]
-        sampled, _ = runner.run(step, constrained)
-        assert sampled.tokens.device.type == "meta"
-        assert sampled.tokens.shape == (len(inputs.sample_rows),)
-        asking = sampled.asking
-        if asking:
-            assert sampled.logprobs is not None
-            assert sampled.logprobs.shape == (len(asking), 1 + 2 * max(n for _, n in asking))
-        lens = np.diff(inputs.query_start_loc)
-        kinds.append({"decode" if n == 1 else "prefill" for n in lens})
-        tokens = np.full(len(inputs.sample_rows), 42, dtype=np.int64)  # meta has no values
-        runner.applier.commit(tokens)
-        runner.grammars.accept(constrained, tokens)
-        assert not runner.grammars.take_refused()
-        scheduler.update(StepResult(step=plan.step, sampled=pack_ids(tokens)))
+    requests = [
+        AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
+                   sampling=params)
+        for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True))
+    ]  # fmt: skip
+    scheduler = scheduler_for(runner, requests, max_num_seqs=8, max_num_batched_tokens=24)
+    kinds, carried = [], []
+    upload = runner.upload
+
+    def seen(inputs: StepInputs, found: Carry | None = None) -> DeviceStep:
+        kinds.append({"decode" if n == 1 else "prefill" for n in np.diff(inputs.query_start_loc)})
+        carried.append(found is not None)
+        return upload(inputs, found)
+
+    def launch(plan: BatchPlan) -> PendingStep:
+        launched = runner.launch(plan)
+        if isinstance(launched, StepInFlight):
+            sampled = launched.sampled
+            assert sampled.tokens.device.type == "meta"
+            assert sampled.tokens.shape == launched.rows.shape
+            if sampled.asking:
+                assert sampled.logprobs is not None
+                width = 1 + 2 * max(n for _, n in sampled.asking)
+                assert sampled.logprobs.shape == (len(sampled.asking), width)
+        return launched
+
+    monkeypatch.setattr(runner, "upload", seen)
+    assert not any(answer.refused for answer in answers(scheduler, launch))
+    monkeypatch.setattr(runner, "upload", upload)
+    assert any(carried)
     return kinds
 
 
-def test_a_whole_cuda_step_stays_on_the_device(runner: ModelRunner) -> None:
+def test_a_whole_cuda_step_stays_on_the_device(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert runner.backend.name == "cuda"
     assert runner.kv_caches[0][0].device.type == "meta"
     assert runner.model.activation_dtype == torch.bfloat16
-    kinds = _steps(runner)
+    kinds = _steps(runner, monkeypatch)
     assert {"prefill"} in kinds and {"decode"} in kinds and {"prefill", "decode"} in kinds
 
 
 @pytest.mark.parametrize(
-    "name", ["slot_mapping", "decode_lens", "prefill_start", "temperature", "grammar_mask"]
+    "name",
+    ["slot_mapping", "decode_lens", "prefill_start", "temperature", "grammar_mask"],
 )
 def test_a_host_tensor_slipped_into_the_step_is_caught(
     runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, name: str
@@ -109,7 +133,7 @@ def test_a_host_tensor_slipped_into_the_step_is_caught(
 
     monkeypatch.setattr(Staging, "upload", leaky)
     with pytest.raises(RuntimeError, match=r"tensors on \['cpu', 'meta'\]|device cpu"):
-        _steps(runner)
+        _steps(runner, monkeypatch)
 
 
 def test_a_host_sync_in_the_step_is_caught(
@@ -126,4 +150,4 @@ def test_a_host_sync_in_the_step_is_caught(
 
     monkeypatch.setattr(runner.backend, "race", generators)
     with pytest.raises(RuntimeError, match="no data"):
-        _steps(runner)
+        _steps(runner, monkeypatch)

@@ -131,7 +131,7 @@ class ModelRunner:
     def run(
         self, step: DeviceStep, constrained: np.ndarray | None = None
     ) -> tuple[Sampled, torch.Tensor | None]:
-        """Forward and sample, all on the device: no host sync until `Sampled.to_host`; with
+        """Forward and sample, all on the device: no host sync (the tokens leave in `HostCopy`); with
         the prompt logprobs asked for, their table. `constrained`: the sampling rows' request
         ids, where some have a grammar."""
         hidden = self.backend.forward(step)

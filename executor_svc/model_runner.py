@@ -131,9 +131,9 @@ class ModelRunner:
     def run(
         self, step: DeviceStep, constrained: np.ndarray | None = None
     ) -> tuple[Sampled, torch.Tensor | None]:
-        """Forward and sample, all on the device: no host sync (the tokens leave in `HostCopy`); with
-        the prompt logprobs asked for, their table. `constrained`: the sampling rows' request
-        ids, where some have a grammar."""
+        """Forward and sample, all on the device, with no host sync (the tokens leave later,
+        in a `HostCopy`); with the prompt logprobs asked for, their table. `constrained`: the
+        sampling rows' request ids, where some have a grammar."""
         hidden = self.backend.forward(step)
         logits = self.model.logits(hidden[step.logits_indices])
         mask = None if constrained is None else self.grammars.bitmask(constrained)

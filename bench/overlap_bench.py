@@ -73,6 +73,8 @@ class FixedTimeRunner:
 
 
 class TimedStep:
+    """A step on the simulated device: its answer is known at launch, and given at its end."""
+
     def __init__(self, step: int, answer: StepResult, ends_at: float) -> None:
         self.step, self.answer, self.ends_at = step, answer, ends_at
 

@@ -125,9 +125,7 @@ class StepLoop:
             message = self.codec.decode(self.socket.recv())
             if isinstance(message, RegisterReply) and not message.accepted:
                 log.warning("the scheduler does not know us (%s); registering anew", message.reason)
-                for _ in self.in_flight:  # their scheduler is gone: let them end, unanswered
-                    self.watcher.heard()
-                self.in_flight.clear()
+                self._let_steps_end(answer=False)  # their scheduler is gone
                 _register(self.socket, self.codec, hello, self.runner)
                 self.answered_at = None
             elif isinstance(message, BatchPlan):
@@ -148,15 +146,22 @@ class StepLoop:
             # trusted. Exit so the supervisor restarts us and the scheduler recomputes.
             sys.exit(f"lost sync with the scheduler: {exc}")
         except Exception as exc:
-            while self.in_flight:  # the steps before ran: answer them, so this one is blamed
-                self.watcher.heard()
-                self._answer()
+            self._let_steps_end(answer=True)  # the steps before ran: this one is to blame
             self._fail(plan.step, exc)
         self.in_flight.append((pending, started))
         if len(self.in_flight) == 1 and pending.done():
             self._answer()  # a device that computes at once: no thread in the way
         else:
             self.watcher.watch(pending)
+
+    def _let_steps_end(self, answer: bool) -> None:
+        """Wait until every step in flight has ended; answer them or drop them."""
+        while self.in_flight:
+            self.watcher.heard()
+            if answer:
+                self._answer()
+            else:
+                self.in_flight.popleft()
 
     def _answer(self) -> None:
         """Send the oldest step's result, which has ended."""

@@ -9,11 +9,16 @@ from collections import deque
 from turnstile.shared.config import SchedulingConfig
 
 
+def plans_ahead(scheduling: SchedulingConfig) -> int:
+    """How many plans may be out unanswered: two with async scheduling, else one."""
+    # A static batch ends before the next is planned: the baseline stays a static server.
+    ahead = scheduling.async_scheduling and scheduling.static_batching is None
+    return 2 if ahead else 1
+
+
 class PlansInFlight:
     def __init__(self, scheduling: SchedulingConfig) -> None:
-        # A static batch ends before the next is planned: the baseline stays a static server.
-        ahead = scheduling.async_scheduling and scheduling.static_batching is None
-        self.limit = 2 if ahead else 1
+        self.limit = plans_ahead(scheduling)
         self._sent: deque[tuple[int, float]] = deque()  # step, when sent
         self._last_answer = 0.0
 

@@ -3,11 +3,11 @@ N+1 is planned (and launched) before step N's answer is back."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 from turnstile.executor_svc.model_runner import ModelRunner
 from turnstile.executor_svc.step_in_flight import PendingStep
+from turnstile.offline import run_steps
 from turnstile.scheduler_svc.scheduler import Scheduler
 from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.protocol import AddRequest, BatchPlan, StepResult
@@ -35,12 +35,4 @@ def scheduler_for(runner: ModelRunner, requests: list[AddRequest], **config: int
 
 def answers(scheduler: Scheduler, launch: Callable[[BatchPlan], PendingStep]) -> list[StepResult]:
     """Every step's answer, in order, until the scheduler has no work."""
-    out: list[StepResult] = []
-    pending: deque[PendingStep] = deque()
-    while scheduler.has_work or pending:
-        while scheduler.has_work and len(pending) < 2:
-            pending.append(launch(scheduler.schedule()))
-        answer = pending.popleft().result()
-        out.append(answer)
-        scheduler.update(answer)
-    return out
+    return [answer for answer, _ in run_steps(scheduler, launch, ahead=2)]

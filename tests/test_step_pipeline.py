@@ -5,6 +5,7 @@ that takes its time answers every step, in order, in both scheduling modes."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -15,6 +16,7 @@ from turnstile.executor_svc.model_runner import ModelRunner
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.simulated_executor import scripted_tokens
 from turnstile.executor_svc.step_in_flight import Carry, ReadyStep
+from turnstile.offline import OfflineEngine
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.protocol import (
     AddRequest,
@@ -113,3 +115,28 @@ def test_a_device_that_takes_its_time_answers_every_step_in_order(ahead: bool) -
         seeds = np.full(count, 1000 + req_id)
         script = scripted_tokens(seeds, np.arange(count), info.vocab_size, info.eos_token_id)
         assert got[req_id] == script.tolist()
+
+
+def test_offline_generation_goes_a_step_ahead_and_gives_what_lockstep_gives() -> None:
+    """`turnstile generate` and the offline benchmarks drive their runner as the async service
+    does; a request that ends on a stop token while the next step is out loses that step's
+    token, and the logprobs stay with their tokens."""
+    engine = OfflineEngine(build(RunnerConfig, dtype="float32", num_blocks=64, max_num_seqs=4))
+    assert engine.ahead == 2
+    sampling = SamplingParams(logprobs=2)
+    prompts = [list(range(300 + 40 * i, 310 + 40 * i + 5 * i)) for i in range(5)]
+    plain = [
+        AddRequest(i, pack_ids(p), 8, sampling, ignore_eos=True) for i, p in enumerate(prompts)
+    ]
+    alone = engine.generate(plain[:1])[0].token_ids
+    stop = alone[2]  # request 0's third token (or an earlier one, the same) ends it
+    requests = [msgspec.structs.replace(plain[0], stop_token_ids=[stop]), *plain[1:]]
+    carried = []
+    carry = engine.runner._carry
+    engine.runner._carry = lambda inputs: carried.append(carry(inputs)) or carried[-1]
+    ahead = engine.generate(requests)
+    assert sum(len(found.to) for found in carried if found is not None) >= 20
+    engine.ahead = 1
+    assert engine.generate(requests) == ahead
+    assert ahead[0].finish_reason == "stop" and ahead[0].token_ids == alone[: alone.index(stop) + 1]
+    assert all(len(done.logprobs) == len(done.token_ids) for done in ahead)

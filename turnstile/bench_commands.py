@@ -176,7 +176,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--prompt-len", type=int, default=128)
     command.add_argument("--new-tokens", type=int, default=128)
     command.add_argument("--hf-batch", type=int, default=16)
-    command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    command.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+        help="auto: the server's defaults (GGUF blocks kept quantized); a dtype: dequantized",
+    )  # fmt: skip
     command.add_argument("--rounds", type=int, default=1, help="repeat; medians are reported")
     command.set_defaults(handler=offline)
     command = bench.add_parser("step", help="where a decode step's time goes (torch.profiler)")

@@ -57,21 +57,23 @@ def parity(new_tokens: int) -> dict[str, object]:
     }
 
 
-def _config(path: Path, max_num_seqs: int) -> RunnerConfig:
-    return build(RunnerConfig, model=str(path), device=DEVICE, max_num_seqs=max_num_seqs)
+def _config(path: Path, max_num_seqs: int, device: str) -> RunnerConfig:
+    return build(RunnerConfig, model=str(path), device=device, max_num_seqs=max_num_seqs)
 
 
-def offline(prompts: int, prompt_len: int, new_tokens: int, hf_batch: int) -> dict[str, float]:
+def offline(
+    prompts: int, prompt_len: int, new_tokens: int, hf_batch: int, device: str = DEVICE
+) -> dict[str, float]:
     path = embedded_model_path()
     rng = np.random.default_rng(0)
     token_ids = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(prompts)]
-    engine = OfflineEngine(_config(path, prompts))
+    engine = OfflineEngine(_config(path, prompts, device))
     engine.generate(_requests(token_ids[:2], 4, first=10**6))  # warm-up
     started = time.perf_counter()
     results = engine.generate(_requests(token_ids, new_tokens))
     ours = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
     del engine
-    model = hf_baseline.load_model(path, torch.bfloat16).to(DEVICE)
+    model = hf_baseline.load_model(path, torch.bfloat16).to(device)
     hf_baseline.generate(model, token_ids[:2], [4, 4], 2)  # warm-up
     hf = hf_baseline.generate(model, token_ids, [new_tokens] * prompts, hf_batch)
     return {"turnstile_tok_s": ours, "hf_tok_s": hf.output_tok_s, "ratio": ours / hf.output_tok_s}
@@ -103,11 +105,17 @@ def step_bytes(info: ModelInfo, itemsize: int, seq_lens: list[int]) -> int:
 
 
 def decode_roofline(
-    path: Path, rows: list[int], context: int, steps: int, bandwidth: float, nominal: float
+    path: Path,
+    rows: list[int],
+    context: int,
+    steps: int,
+    bandwidth: float,
+    nominal: float,
+    device: str = DEVICE,
 ) -> list[dict[str, float]]:
     """Median decode step time for each batch size, and the time its bytes take at the measured
     and at the nominal bandwidth."""
-    engine = OfflineEngine(_config(path, max(rows)))
+    engine = OfflineEngine(_config(path, max(rows), device))
     scheduler, runner = engine.scheduler, engine.runner
     rng = np.random.default_rng(1)
     report = []
@@ -134,12 +142,14 @@ def decode_roofline(
     return report
 
 
-def write_random_llama(folder: Path) -> Path:
+def write_random_llama(
+    folder: Path, shape: dict[str, object] = LARGE_LLAMA, device: str = DEVICE
+) -> Path:
     """A Llama-shaped model with random bf16 weights, as transformers writes one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**LARGE_LLAMA, torch_dtype="bfloat16")
-    with torch.device(DEVICE):
+    config = LlamaConfig(**shape, torch_dtype="bfloat16")
+    with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     return folder

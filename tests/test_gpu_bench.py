@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from turnstile.bench import gpu_bench
 from turnstile.bench.gpu_bench import step_bytes
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.shared.model_info import embedded_model_path, read_model_info
@@ -31,3 +33,19 @@ def test_a_decode_step_reads_every_weight_but_the_norms_once_and_the_rows_kv() -
     kv_per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim
     assert step_bytes(info, 2, []) == 2 * weights
     assert step_bytes(info, 2, [10, 30]) == 2 * (weights + 40 * kv_per_token)
+
+
+@pytest.mark.slow
+def test_the_commands_roofline_step_runs_where_no_gpu_is(tmp_path: Path) -> None:
+    """No GPU here, so it runs on the CPU (its backend, not CUDA's), on a tiny random Llama the
+    command's own writer makes: its code is known to work before a GPU session spends its
+    minutes on it."""
+    shape = gpu_bench.LARGE_LLAMA | {"hidden_size": 256, "intermediate_size": 512,
+                                     "num_hidden_layers": 2, "num_attention_heads": 4,
+                                     "num_key_value_heads": 2, "vocab_size": 32000}  # fmt: skip
+    model = gpu_bench.write_random_llama(tmp_path, shape, "cpu")
+    report = gpu_bench.decode_roofline(model, [1, 2], 32, 4, 1e11, 4e11, "cpu")
+    assert [row["rows"] for row in report] == [1, 2]
+    for row in report:
+        assert row["step_ms"] > 0
+        assert row["of_measured_roofline"] == pytest.approx(4 * row["of_nominal_roofline"])

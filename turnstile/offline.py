@@ -1,5 +1,5 @@
 """Offline generation: the scheduler and one executor in this process, same code as the
-service, with the plans handed over directly instead of over ZeroMQ, and as many ahead."""
+service, with the plans handed over directly instead of over ZeroMQ, as many steps ahead."""
 
 from __future__ import annotations
 

@@ -149,10 +149,6 @@ class Sampled:
             result[row] = [(int(tokens[row]), float(entry[0])), *top]
         return tokens, result
 
-    def to_host(self) -> tuple[np.ndarray, Logprobs]:
-        """`unpack` of `packed`, copied at once (a sync on a GPU)."""
-        return self.unpack(self.packed().cpu().numpy())
-
 
 # splitmix64's constants, and murmur3's finalizer's with Knuth's 32-bit golden ratio.
 _GOLDEN, _MIX = 0x9E3779B97F4A7C15, (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)

@@ -16,6 +16,7 @@ from turnstile.executor_svc.logits_adjustments import (
 )
 from turnstile.executor_svc.sampler import SamplingArrays, SamplingBatch, hashed_race, sample
 from turnstile.executor_svc.staging import Staging
+from turnstile.executor_svc.step_in_flight import HostCopy
 from turnstile.shared.protocol import SamplingParams
 
 VOCAB = 50
@@ -89,7 +90,8 @@ def sampled(logits: torch.Tensor, params: list[SamplingParams], histories: list)
     index = np.array([len(generated) for _, generated in histories], dtype=np.int64)
     arrays = SamplingArrays.build(params, index, np.random.default_rng(0), history_of(histories))
     batch = SamplingBatch(arrays, Staging(torch.device("cpu")).upload(arrays.arrays()))
-    tokens, _ = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), hashed_race).to_host()
+    drawn = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), hashed_race)
+    tokens, _ = drawn.unpack(HostCopy(drawn.packed()).numpy())
     return tokens.tolist()
 
 

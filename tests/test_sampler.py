@@ -18,6 +18,7 @@ from turnstile.executor_svc.sampler import (
     sample,
 )
 from turnstile.executor_svc.staging import Staging
+from turnstile.executor_svc.step_in_flight import HostCopy
 from turnstile.kernels import cpu_native, native_sampling
 from turnstile.shared.protocol import SamplingParams
 
@@ -37,7 +38,8 @@ def run(
     index = np.zeros(len(params), dtype=np.int64) if output_index is None else output_index
     arrays = SamplingArrays.build(params, index, np.random.default_rng(0))
     batch = SamplingBatch(arrays, Staging(torch.device("cpu")).upload(arrays.arrays()))
-    tokens, logprobs = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), race).to_host()
+    drawn = sample(logits.clone(), batch, lambda x: x.argmax(dim=-1), race)
+    tokens, logprobs = drawn.unpack(HostCopy(drawn.packed()).numpy())
     return tokens.tolist(), logprobs
 
 

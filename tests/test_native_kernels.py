@@ -123,6 +123,33 @@ def test_few_rows_split_their_context_and_merge_to_the_reference(
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 40])
+def test_a_prompts_rows_read_each_block_once_and_get_the_bits_they_get_alone(
+    cache_dtype: torch.dtype, window: int
+) -> None:
+    """A prompt's tokens are rows with one block table, which the kernel scores together a
+    block at a time. Each row must still get the bits it gets alone, as a decode row, so that a
+    token's result never depends on its step. Here: a 150-token prompt's rows, a request that
+    shares its first five blocks (prefix caching), then the prompt's rows again, unsorted."""
+    k_cache, v_cache, tables, _ = paged_setup([150, 150], 16, cache_dtype)
+    tables[1, :5] = tables[0, :5]
+    rows = [(0, n) for n in range(1, 151)] + [(1, 120)] + [(0, n) for n in range(100, 59, -3)]
+    table_rows = tables[[request for request, _ in rows]]
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int64)
+    query = torch.randn(len(rows), HEADS, DIM, generator=torch.Generator().manual_seed(7))
+    plan = reference.plan_decode(table_rows, lens, 16)
+    together = native_attention.paged_decode_attention(query, k_cache, v_cache, plan, 0.125, window)
+    for i in range(len(rows)):
+        one = reference.plan_decode(table_rows[i : i + 1], lens[i : i + 1], 16)
+        alone = native_attention.paged_decode_attention(
+            query[i : i + 1], k_cache, v_cache, one, 0.125, window
+        )
+        assert torch.equal(together[i : i + 1], alone), rows[i]
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, 0.125, window)
+    torch.testing.assert_close(together, expected, atol=1e-5, rtol=0)
+
+
 def test_softmax_is_stable_for_large_scores() -> None:
     """Scores in the thousands would overflow a naive exp; the kernel subtracts the max."""
     k_cache, v_cache, tables, lens = paged_setup([33, 5], 16, torch.float32, seed=3)

@@ -3,23 +3,29 @@
  * place through its block table.
  *
  * The torch path gathers every row's blocks into a contiguous copy (per layer, K and V) before
- * one batched SDPA; here each task takes a run of one row's blocks and, block by block, scores
- * all of the row's query heads against every key in it and sums V weighted by the softmax, so
- * each block is read once, whole, while it is in the cache. A row's context is split into
- * several such tasks (as flash-decoding does on a GPU), so that one long row gives every thread
- * work; their partial softmaxes are then merged. Cache layout as in
- * kernels/reference.py: [blocks][block_size][kv_heads][head_dim]. */
+ * one batched SDPA; here each task takes a run of blocks of one row, or of up to 16 rows that
+ * read the same blocks (a prompt's tokens), and, block by block, scores all of the rows' query
+ * heads against every key in it and sums V weighted by the softmax, so each block is read once,
+ * whole, while it is in the cache. A row's context is split into several parts (as
+ * flash-decoding does on a GPU), so that one long row gives every thread work; their partial
+ * softmaxes are then merged. Cache layout as in kernels/reference.py:
+ * [blocks][block_size][kv_heads][head_dim]. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention_rows.h"
 #include "simd.h"
 
-/* A row's context is split into tasks of this many blocks, counted from its first visible
+/* A row's context is split into parts of this many blocks, counted from its first visible
  * token: where the splits fall depends on the row alone, never on the rows beside it, so a
  * row's result is the same bits in any step (the quantized path relies on it). */
 #define BLOCKS_PER_TASK 4
+/* A task takes the same part of up to this many rows that read the same blocks: a block is
+ * then read (and a 16-bit one widened) once for all of them while it is in L1, not once a row.
+ * Each row's arithmetic is the same, in the same order, as alone (attention_rows.h). */
+#define ROWS_PER_TASK 16
 
 typedef struct {
     const void *k_cache, *v_cache;
@@ -29,9 +35,10 @@ typedef struct {
     float scale, softcap;
 } Decode;
 
-/* Tokens [begin, end) of a row. */
+/* Part `part` of rows [row, row + rows), tokens [begin, end): each row's own end is the
+ * least of `end` and its length. */
 typedef struct {
-    long row, begin, end;
+    long row, rows, part, begin, end;
 } Task;
 
 /* A task's result for each query head: the largest score, the sum of exp((score - top) *
@@ -39,26 +46,6 @@ typedef struct {
 typedef struct {
     float *top, *total, *out; /* [heads], [heads], [heads][dim] */
 } Partial;
-
-/* In place: s[0..len) becomes exp((s - top) * scale), padded with zeros to a multiple of 8;
- * returns the sum and sets *top to the largest score. */
-static float softmax_numerators(float *s, long len, float scale, float *top_out) {
-    float top = -INFINITY;
-    for (long t = 0; t < len; t++) top = s[t] > top ? s[t] : top;
-    long padded = (len + 7) & ~7L;
-    for (long t = len; t < padded; t++) s[t] = -INFINITY;
-    __m256 sum = _mm256_setzero_ps(), shift = _mm256_set1_ps(top), factor = _mm256_set1_ps(scale);
-    for (long t = 0; t < padded; t += 8) {
-        __m256 e = exp_negative(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift), factor));
-        _mm256_storeu_ps(s + t, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    float lanes[8], total = 0.0f;
-    _mm256_storeu_ps(lanes, sum);
-    for (int i = 0; i < 8; i++) total += lanes[i];
-    *top_out = top;
-    return total;
-}
 
 /* Ask for a block's bytes before they are worked on: the blocks of a row lie anywhere in the
  * cache, so no hardware prefetcher can guess the next one. A task asks for all of its K and V
@@ -85,55 +72,12 @@ static const float *block_values(const Decode *a, const void *cache, long block,
     return buffer;
 }
 
-/* [sum(v[0]), ..., sum(v[7])]: eight dot products' lanes reduced at once. */
-static inline __m256 sum_lanes8(const __m256 v[8]) {
-    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
-/* scores[t] = q . key(t) for the `count` tokens from `key` on, `token_stride` apart: eight
- * tokens at a time, so eight independent FMA chains are in flight instead of one. */
-static void score_tokens(const float *q, const float *key, long count, long token_stride,
-                         long dim, float *scores) {
-    long t = 0;
-    for (; t + 8 <= count; t += 8, key += 8 * token_stride) {
-        __m256 sums[8];
-        for (int i = 0; i < 8; i++) sums[i] = _mm256_setzero_ps();
-        for (long d = 0; d < dim; d += 8) {
-            __m256 qd = _mm256_loadu_ps(q + d);
-            for (int i = 0; i < 8; i++)
-                sums[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(key + i * token_stride + d), sums[i]);
-        }
-        _mm256_storeu_ps(scores + t, sum_lanes8(sums));
-    }
-    for (; t < count; t++, key += token_stride) scores[t] = dot(q, key, dim);
-}
-
-/* out[0..dim) += sum over `count` tokens of weight[t] * value(t), 64 dims at a time held in
- * registers. */
-static void weigh_values(const float *value, long count, long token_stride, long dim,
-                         const float *weight, float *out) {
-    for (long d0 = 0; d0 < dim; d0 += 64) {
-        const long lanes = (dim - d0 < 64 ? dim - d0 : 64) / 8;
-        __m256 acc[8];
-        for (int i = 0; i < lanes; i++) acc[i] = _mm256_loadu_ps(out + d0 + 8 * i);
-        const float *v = value + d0;
-        for (long t = 0; t < count; t++, v += token_stride) {
-            __m256 w = _mm256_set1_ps(weight[t]);
-            for (int i = 0; i < lanes; i++)
-                acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
-        }
-        for (int i = 0; i < lanes; i++) _mm256_storeu_ps(out + d0 + 8 * i, acc[i]);
-    }
-}
-
-/* Block b's share of a task: returns the count of its tokens from *t on, *skip tokens into
- * the block (a sliding window may begin mid-block). */
-static inline long block_span(const Task *task, long b, long bs, long *t, long *skip) {
-    *t = b * bs > task->begin ? b * bs : task->begin;
+/* Block b's share of tokens [begin, end): returns the count of them from *t on (0 or less:
+ * none), *skip tokens into the block (a sliding window may begin mid-block). */
+static inline long block_span(long begin, long end, long b, long bs, long *t, long *skip) {
+    *t = b * bs > begin ? b * bs : begin;
     *skip = *t - b * bs;
-    return task->end - *t < bs - *skip ? task->end - *t : bs - *skip;
+    return end - *t < bs - *skip ? end - *t : bs - *skip;
 }
 
 /* Gemma 2's soft cap, in the unscaled units the softmax takes: s becomes
@@ -144,42 +88,59 @@ static void soft_cap(const Decode *a, float *scores, long count) {
     for (long i = 0; i < count; i++) scores[i] = outer * tanhf(scores[i] * inner);
 }
 
-/* Every query head of the task's row over the task's tokens. `scores` holds heads x stride
- * floats; `buffer` a block's values (a 16-bit cache's, widened). */
-static void attend(const Decode *a, const float *q, const Task *task, float *scores, long stride,
-                   float *buffer, Partial p) {
+/* Every query head of each of the task's rows over its tokens. `scores` holds rows x heads x
+ * stride floats; `buffer` a block's values (a 16-bit cache's, widened); `parts` the rows'
+ * partials, `first_part` the index of each row's first. */
+static void attend(const Decode *a, const float *q, const long *seq_lens, const Task *task,
+                   float *scores, long stride, float *buffer, const Partial *parts,
+                   const long *first_part) {
     const long heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;
-    const long token_stride = a->kv_heads * dim;
+    const long token_stride = a->kv_heads * dim, begin = task->begin;
     const long block_bytes = bs * token_stride * (a->format == KV_F32 ? 4 : 2);
     const char *k_bytes = a->k_cache, *v_bytes = a->v_cache;
     const long *table = a->block_tables + task->row * a->width;
-    const float *q_row = q + task->row * heads * dim;
-    const long first = task->begin / bs, last = (task->end - 1) / bs;
+    const long first = begin / bs, last = (task->end - 1) / bs;
+    long ends[ROWS_PER_TASK];
+    for (long i = 0; i < task->rows; i++)
+        ends[i] = seq_lens[task->row + i] < task->end ? seq_lens[task->row + i] : task->end;
     for (long b = first; b <= last; b++) {
         prefetch_block(k_bytes + table[b] * block_bytes, block_bytes);
         prefetch_block(v_bytes + table[b] * block_bytes, block_bytes);
     }
     for (long b = first; b <= last; b++) {
         long t, skip;
-        const long count = block_span(task, b, bs, &t, &skip);
+        const long count = block_span(begin, task->end, b, bs, &t, &skip);
         const float *block = block_values(a, a->k_cache, table[b], skip, count, buffer);
-        for (long h = 0; h < heads; h++)
-            score_tokens(q_row + h * dim, block + (h / group) * dim, count, token_stride, dim,
-                         scores + h * stride + t - task->begin);
+        for (long i = 0; i < task->rows; i++) {
+            const long own = block_span(begin, ends[i], b, bs, &t, &skip);
+            const float *q_row = q + (task->row + i) * heads * dim;
+            for (long h = 0; own > 0 && h < heads; h++)
+                score_tokens(q_row + h * dim, block + (h / group) * dim, own, token_stride, dim,
+                             scores + (i * heads + h) * stride + t - begin);
+        }
     }
-    if (a->softcap > 0.0f) soft_cap(a, scores, heads * stride);
-    for (long h = 0; h < heads; h++) {
-        p.total[h] = softmax_numerators(scores + h * stride, task->end - task->begin, a->scale,
-                                        &p.top[h]);
-        for (long d = 0; d < dim; d++) p.out[h * dim + d] = 0.0f;
+    for (long i = 0; i < task->rows; i++) {
+        if (ends[i] <= begin) continue;
+        float *row_scores = scores + i * heads * stride;
+        const Partial p = parts[first_part[task->row + i] + task->part];
+        if (a->softcap > 0.0f) soft_cap(a, row_scores, heads * stride);
+        for (long h = 0; h < heads; h++) {
+            p.total[h] = softmax_numerators(row_scores + h * stride, ends[i] - begin, a->scale,
+                                            &p.top[h]);
+            for (long d = 0; d < dim; d++) p.out[h * dim + d] = 0.0f;
+        }
     }
     for (long b = first; b <= last; b++) {
         long t, skip;
-        const long count = block_span(task, b, bs, &t, &skip);
+        const long count = block_span(begin, task->end, b, bs, &t, &skip);
         const float *block = block_values(a, a->v_cache, table[b], skip, count, buffer);
-        for (long h = 0; h < heads; h++)
-            weigh_values(block + (h / group) * dim, count, token_stride, dim,
-                         scores + h * stride + t - task->begin, p.out + h * dim);
+        for (long i = 0; i < task->rows; i++) {
+            const long own = block_span(begin, ends[i], b, bs, &t, &skip);
+            const Partial p = parts[first_part[task->row + i] + task->part];
+            for (long h = 0; own > 0 && h < heads; h++)
+                weigh_values(block + (h / group) * dim, own, token_stride, dim,
+                             scores + (i * heads + h) * stride + t - begin, p.out + h * dim);
+        }
     }
 }
 
@@ -203,6 +164,23 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
     }
 }
 
+/* The first token a row of length `len` sees. */
+static inline long first_visible(long len, long window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
+/* Whether row r reads the blocks row `lead` reads, from the same first token: the tables agree
+ * over both rows' blocks (two requests' rows may share their first, prefix-cached blocks). */
+static int same_blocks(const Decode *a, const long *seq_lens, long window, long lead, long r) {
+    const long start = first_visible(seq_lens[lead], window);
+    if (start != first_visible(seq_lens[r], window)) return 0;
+    const long *x = a->block_tables + lead * a->width, *y = a->block_tables + r * a->width;
+    const long longest = seq_lens[lead] > seq_lens[r] ? seq_lens[lead] : seq_lens[r];
+    for (long b = start / a->block_size; b <= (longest - 1) / a->block_size; b++)
+        if (x[b] != y[b]) return 0;
+    return 1;
+}
+
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
  * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
  * `softcap` > 0 soft-caps the scores. Returns 0, or -1 when out of memory. */
@@ -213,45 +191,57 @@ int paged_decode_attention(const float *q, const void *k_cache, const void *v_ca
     Decode a = {k_cache, v_cache, kv_format, block_tables, width, heads,
                 kv_heads, dim, block_size, scale, softcap};
     const long per_task = BLOCKS_PER_TASK * block_size;
-    long most_tasks = 0, tasks = 0, stride = 8; /* a head's scores in a task, in whole vectors */
-    for (long r = 0; r < rows; r++) most_tasks += (seq_lens[r] + per_task - 1) / per_task;
-    long *first_task = malloc(sizeof(long) * (rows + 1));
-    Task *task = malloc(sizeof(Task) * most_tasks);
-    float *partials = malloc(sizeof(float) * most_tasks * heads * (dim + 2));
-    Partial *parts = malloc(sizeof(Partial) * most_tasks);
-    if (!first_task || !task || !partials || !parts) {
-        free(first_task); free(task); free(partials); free(parts);
+    long row_parts = 0, tasks = 0, stride = 8; /* a head's scores in a part, in whole vectors */
+    long *first_part = malloc(sizeof(long) * (rows + 1));
+    if (first_part == NULL) return -1;
+    for (long r = 0; r < rows; r++) {
+        first_part[r] = row_parts;
+        row_parts += (seq_lens[r] - first_visible(seq_lens[r], window) + per_task - 1) / per_task;
+    }
+    Task *task = malloc(sizeof(Task) * row_parts); /* each task holds at least one row's part */
+    float *partials = malloc(sizeof(float) * row_parts * heads * (dim + 2));
+    Partial *parts = malloc(sizeof(Partial) * row_parts);
+    if (!first_part || !task || !partials || !parts) {
+        free(first_part); free(task); free(partials); free(parts);
         return -1;
     }
-    for (long r = 0; r < rows; r++) {
-        const long start = window > 0 && seq_lens[r] > window ? seq_lens[r] - window : 0;
-        first_task[r] = tasks;
-        for (long begin = start; begin < seq_lens[r]; begin += per_task, tasks++) {
-            const long end = begin + per_task < seq_lens[r] ? begin + per_task : seq_lens[r];
-            task[tasks] = (Task){r, begin, end};
-            float *base = partials + tasks * heads * (dim + 2);
-            parts[tasks] = (Partial){base, base + heads, base + 2 * heads};
+    first_part[rows] = row_parts;
+    for (long i = 0; i < row_parts; i++) {
+        float *base = partials + i * heads * (dim + 2);
+        parts[i] = (Partial){base, base + heads, base + 2 * heads};
+    }
+    for (long lead = 0, next; lead < rows; lead = next) {
+        long longest = seq_lens[lead];
+        for (next = lead + 1; next < rows && next - lead < ROWS_PER_TASK &&
+                              same_blocks(&a, seq_lens, window, lead, next);
+             next++)
+            longest = seq_lens[next] > longest ? seq_lens[next] : longest;
+        long part = 0;
+        for (long begin = first_visible(seq_lens[lead], window); begin < longest;
+             begin += per_task, part++, tasks++) {
+            const long end = begin + per_task < longest ? begin + per_task : longest;
+            task[tasks] = (Task){lead, next - lead, part, begin, end};
             stride = end - begin + 7 > stride ? end - begin + 7 : stride;
         }
     }
-    first_task[rows] = tasks;
     stride &= ~7L;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * heads * stride);
+        float *scores = malloc(sizeof(float) * ROWS_PER_TASK * heads * stride);
         float *buffer = malloc(sizeof(float) * block_size * kv_heads * dim);
         if (scores == NULL || buffer == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (long i = 0; i < tasks; i++)
-            if (scores && buffer) attend(&a, q, &task[i], scores, stride, buffer, parts[i]);
+            if (scores && buffer)
+                attend(&a, q, seq_lens, &task[i], scores, stride, buffer, parts, first_part);
         free(scores);
         free(buffer);
 #pragma omp for schedule(static)
         for (long r = 0; r < rows; r++)
-            merge(&a, parts + first_task[r], first_task[r + 1] - first_task[r],
+            merge(&a, parts + first_part[r], first_part[r + 1] - first_part[r],
                   out + r * heads * dim);
     }
-    free(first_task); free(task); free(partials); free(parts);
+    free(first_part); free(task); free(partials); free(parts);
     return failed ? -1 : 0;
 }

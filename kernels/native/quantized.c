@@ -19,12 +19,6 @@ static Product product_for(int isa) {
     return __builtin_cpu_supports("avxvnni") ? qproduct_avx_vnni : qproduct_avx512vl_vnni;
 }
 
-static inline float max_lanes(__m256 v) {
-    __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
-}
-
 static inline int sum_ints(__m256i v) {
     __m128i total = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     total = _mm_hadd_epi32(total, total);

@@ -11,6 +11,12 @@ static inline float sum_lanes(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
 }
 
+static inline float max_lanes(__m256 v) {
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+}
+
 static inline float dot(const float *a, const float *b, long dim) {
     __m256 sum = _mm256_setzero_ps();
     for (long d = 0; d < dim; d += 8)

@@ -78,6 +78,7 @@ _SIGNATURES = {
         _FLOAT,
         _LONG,
         _FLOAT,
+        _LONG,  # the ISA, numbered as ISAS
     ],
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,

@@ -20,10 +20,11 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    isa: str | None = None,
 ) -> torch.Tensor:
     """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV,
     in any of `CACHE_DTYPES` (its last `window` tokens with a window; scores soft-capped where
-    `softcap`)."""
+    `softcap`); on `isa` (default the best), which changes the speed, never the bits."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -55,6 +56,7 @@ def paged_decode_attention(
         scale,
         window,
         softcap,
+        cpu_native.ISAS.index(isa or cpu_native.best_isa()),
     )
     if status:
         raise MemoryError("native decode attention could not allocate its scores")

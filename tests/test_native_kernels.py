@@ -123,31 +123,49 @@ def test_few_rows_split_their_context_and_merge_to_the_reference(
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
+# Query heads on KV heads: groups of 3 (one wide pass), 4 (3 then 1), 5 (3 then 2) and 1; a
+# head_dim of 72 sums 64 dims, then 8.
+GEOMETRIES = [(9, 3, 64), (8, 2, 72), (10, 2, 64), (4, 4, 32)]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), GEOMETRIES)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [0, 40])
 def test_a_prompts_rows_read_each_block_once_and_get_the_bits_they_get_alone(
-    cache_dtype: torch.dtype, window: int
+    heads: int, kv_heads: int, dim: int, cache_dtype: torch.dtype, window: int
 ) -> None:
     """A prompt's tokens are rows with one block table, which the kernel scores together a
-    block at a time. Each row must still get the bits it gets alone, as a decode row, so that a
-    token's result never depends on its step. Here: a 150-token prompt's rows, a request that
-    shares its first five blocks (prefix caching), then the prompt's rows again, unsorted."""
-    k_cache, v_cache, tables, _ = paged_setup([150, 150], 16, cache_dtype)
+    block at a time, several query heads a key on AVX-512. Each row must still get the bits it
+    gets alone on AVX2, as a decode row, so that a token's result depends on neither its step
+    nor the CPU. Here: a 150-token prompt's rows, a request that shares its first five blocks
+    (prefix caching), then the prompt's rows again, unsorted."""
+    generator = torch.Generator().manual_seed(heads + dim)
+    k_cache, v_cache = (
+        torch.randn(25, 16, kv_heads, dim, generator=generator).to(cache_dtype) for _ in "kv"
+    )
+    tables = torch.randperm(25, generator=generator)[:20].view(2, 10)
     tables[1, :5] = tables[0, :5]
     rows = [(0, n) for n in range(1, 151)] + [(1, 120)] + [(0, n) for n in range(100, 59, -3)]
     table_rows = tables[[request for request, _ in rows]]
     lens = torch.tensor([n for _, n in rows], dtype=torch.int64)
-    query = torch.randn(len(rows), HEADS, DIM, generator=torch.Generator().manual_seed(7))
+    query = torch.randn(len(rows), heads, dim, generator=generator)
     plan = reference.plan_decode(table_rows, lens, 16)
-    together = native_attention.paged_decode_attention(query, k_cache, v_cache, plan, 0.125, window)
-    for i in range(len(rows)):
-        one = reference.plan_decode(table_rows[i : i + 1], lens[i : i + 1], 16)
-        alone = native_attention.paged_decode_attention(
-            query[i : i + 1], k_cache, v_cache, one, 0.125, window
+    alone = torch.cat([
+        native_attention.paged_decode_attention(
+            query[i : i + 1], k_cache, v_cache,
+            reference.plan_decode(table_rows[i : i + 1], lens[i : i + 1], 16),
+            0.125, window, isa="avx2",
         )
-        assert torch.equal(together[i : i + 1], alone), rows[i]
+        for i in range(len(rows))
+    ])  # fmt: skip
+    for isa in cpu_native.usable_isas():
+        together = native_attention.paged_decode_attention(
+            query, k_cache, v_cache, plan, 0.125, window, isa=isa
+        )
+        differ = (together != alone).any(dim=(1, 2)).nonzero().flatten().tolist()
+        assert not differ, (isa, [rows[i] for i in differ])
     expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, 0.125, window)
-    torch.testing.assert_close(together, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(alone, expected, atol=1e-5, rtol=0)
 
 
 def test_softmax_is_stable_for_large_scores() -> None:

@@ -28,6 +28,8 @@
 #define ROWS_PER_TASK 16
 
 typedef struct {
+    Scorer score;
+    Weigher weigh;
     const void *k_cache, *v_cache;
     long format; /* the caches' values: KV_F32, KV_BF16 or KV_F16 (simd.h) */
     const long *block_tables;
@@ -114,9 +116,9 @@ static void attend(const Decode *a, const float *q, const long *seq_lens, const 
         for (long i = 0; i < task->rows; i++) {
             const long own = block_span(begin, ends[i], b, bs, &t, &skip);
             const float *q_row = q + (task->row + i) * heads * dim;
-            for (long h = 0; own > 0 && h < heads; h++)
-                score_tokens(q_row + h * dim, block + (h / group) * dim, own, token_stride, dim,
-                             scores + (i * heads + h) * stride + t - begin);
+            for (long h = 0; own > 0 && h < heads; h += group)
+                a->score(q_row + h * dim, group, block + (h / group) * dim, own, token_stride,
+                         dim, scores + (i * heads + h) * stride + t - begin, stride);
         }
     }
     for (long i = 0; i < task->rows; i++) {
@@ -137,9 +139,9 @@ static void attend(const Decode *a, const float *q, const long *seq_lens, const 
         for (long i = 0; i < task->rows; i++) {
             const long own = block_span(begin, ends[i], b, bs, &t, &skip);
             const Partial p = parts[first_part[task->row + i] + task->part];
-            for (long h = 0; own > 0 && h < heads; h++)
-                weigh_values(block + (h / group) * dim, own, token_stride, dim,
-                             scores + (i * heads + h) * stride + t - begin, p.out + h * dim);
+            for (long h = 0; own > 0 && h < heads; h += group)
+                a->weigh(block + (h / group) * dim, group, own, token_stride, dim,
+                         scores + (i * heads + h) * stride + t - begin, stride, p.out + h * dim);
         }
     }
 }
@@ -155,11 +157,13 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
             factor[i] = expf((parts[i].top[h] - top) * a->scale);
             total += factor[i] * parts[i].total[h];
         }
-        const float inverse = 1.0f / total;
-        for (long d = 0; d < dim; d++) {
-            float sum = 0.0f;
-            for (long i = 0; i < count; i++) sum += factor[i] * parts[i].out[h * dim + d];
-            out[d] = sum * inverse;
+        const __m256 inverse = _mm256_set1_ps(1.0f / total);
+        for (long d = 0; d < dim; d += 8) {
+            __m256 sum = _mm256_setzero_ps();
+            for (long i = 0; i < count; i++)
+                sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_set1_ps(factor[i]),
+                                                       _mm256_loadu_ps(parts[i].out + h * dim + d)));
+            _mm256_storeu_ps(out + d, _mm256_mul_ps(sum, inverse));
         }
     }
 }
@@ -183,12 +187,15 @@ static int same_blocks(const Decode *a, const long *seq_lens, long window, long 
 
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
  * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
- * `softcap` > 0 soft-caps the scores. Returns 0, or -1 when out of memory. */
+ * `softcap` > 0 soft-caps the scores. `isa` numbered as quantized.c's: AVX-512's registers on 2,
+ * the same bits on any. Returns 0, or -1 when out of memory. */
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
-                           float scale, long window, float softcap) {
-    Decode a = {k_cache, v_cache, kv_format, block_tables, width, heads,
+                           float scale, long window, float softcap, long isa) {
+    const int wide = isa == 2;
+    Decode a = {wide ? score_wide : score_narrow, wide ? weigh_wide : weigh_narrow,
+                k_cache, v_cache, kv_format, block_tables, width, heads,
                 kv_heads, dim, block_size, scale, softcap};
     const long per_task = BLOCKS_PER_TASK * block_size;
     long row_parts = 0, tasks = 0, stride = 8; /* a head's scores in a part, in whole vectors */

@@ -1,5 +1,6 @@
-"""Decode attention on the CPU, reading the paged cache in place (`kernels/native/attention.c`).
-KV writes and prefill stay the torch reference's, whose batched SDPA does well on long chunks."""
+"""Decode attention on the CPU, reading the paged cache in place (`kernels/native/attention.c`,
+which the fused layers also call for prompt tokens run as rows). KV writes and long prefill
+chunks stay the torch reference's, whose batched SDPA does well on them."""
 
 from __future__ import annotations
 

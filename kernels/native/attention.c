@@ -138,8 +138,9 @@ static void attend(const Decode *a, const float *q, const long *seq_lens, const 
         const float *block = block_values(a, a->v_cache, table[b], skip, count, buffer);
         for (long i = 0; i < task->rows; i++) {
             const long own = block_span(begin, ends[i], b, bs, &t, &skip);
+            if (own <= 0) continue; /* a shorter row may have no such part */
             const Partial p = parts[first_part[task->row + i] + task->part];
-            for (long h = 0; own > 0 && h < heads; h += group)
+            for (long h = 0; h < heads; h += group)
                 a->weigh(block + (h / group) * dim, group, own, token_stride, dim,
                          scores + (i * heads + h) * stride + t - begin, stride, p.out + h * dim);
         }
@@ -208,7 +209,7 @@ int paged_decode_attention(const float *q, const void *k_cache, const void *v_ca
     Task *task = malloc(sizeof(Task) * row_parts); /* each task holds at least one row's part */
     float *partials = malloc(sizeof(float) * row_parts * heads * (dim + 2));
     Partial *parts = malloc(sizeof(Partial) * row_parts);
-    if (!first_part || !task || !partials || !parts) {
+    if (!task || !partials || !parts) {
         free(first_part); free(task); free(partials); free(parts);
         return -1;
     }

@@ -155,7 +155,11 @@ class Backend(ABC):
         prefill = None
         if layout.prefill_rows.size:
             prefill = PrefillPlan(
-                on["prefill_tables"], on["prefill_lens"], on["prefill_start"], layout.longest
+                on["prefill_tables"],
+                on["prefill_lens"],
+                on["prefill_start"],
+                layout.longest,
+                layout.from_start,
             )
         if route is Route.SPLIT:
             plan = DecodePlan(on["decode_tables"], on["decode_lens"], size)

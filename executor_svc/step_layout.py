@@ -30,6 +30,7 @@ class StepLayout:
         first = np.repeat(start[self.prefill_rows] - self.prefill_start[:-1], lens)
         self.prefill_tokens = first + np.arange(self.prefill_start[-1], dtype=np.int64)
         self.longest = int(lens.max()) if len(lens) else 0
+        self.from_start = bool(len(lens)) and not inputs.positions[start[self.prefill_rows]].any()
 
     def short_prefill(self) -> bool:
         """Whether the prefill tokens are few enough to run as rows of their own."""

@@ -59,6 +59,7 @@ class PrefillPlan:
     seq_lens: torch.Tensor  # [rows]: KV length once this step's tokens are written
     query_start: torch.Tensor  # [rows + 1]: offsets of each row's tokens
     longest: int  # the longest row's token count, known to the host
+    from_start: bool = False  # every row's chunk starts at position 0 (no prefix), on the host
 
 
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
@@ -136,13 +137,20 @@ def paged_prefill_attention(
     block_ids = block_tables.reshape(-1)
     keys = _gather_kv(k_cache, block_ids, rows, query.dtype)
     values = _gather_kv(v_cache, block_ids, rows, query.dtype)
-    # Query i of a row sits at position seq_len - query_len + i and sees keys up to there.
-    query_pos = (seq_lens - query_lens)[:, None] + index[None, :]
-    key_pos = torch.arange(keys.shape[2], device=query.device)
-    visible = key_pos[None, None, :] <= query_pos[:, :, None]
-    if window:
-        visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
-    out = _attend(padded, keys, values, visible[:, None], scale, softcap)
+    if plan.from_start and not window and not softcap:
+        # Query i sees keys 0..i in every row: SDPA's own causal mask, which skips the masked
+        # half where a mask tensor does not (half the time on the CPU: docs/benchmarks.md).
+        out = F.scaled_dot_product_attention(
+            padded, keys, values, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        # Query i of a row sits at position seq_len - query_len + i and sees keys up to there.
+        query_pos = (seq_lens - query_lens)[:, None] + index[None, :]
+        key_pos = torch.arange(keys.shape[2], device=query.device)
+        visible = key_pos[None, None, :] <= query_pos[:, :, None]
+        if window:
+            visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
+        out = _attend(padded, keys, values, visible[:, None], scale, softcap)
     out = out.transpose(1, 2).reshape(rows * longest, *query.shape[1:])
     # Each token's place among the padded rows, by shapes the host knows: no device sync.
     tokens = query.shape[0]

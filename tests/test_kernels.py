@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
+from turnstile.executor_svc.plan_applier import StepInputs
+from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import reference
 from turnstile.kernels import triton_attention as triton_kernels
 from turnstile.shared.config import SchedulingConfig
@@ -76,6 +79,48 @@ def test_chunked_prefill_over_cached_prefix_matches_reference(
     expected = reference.paged_prefill_attention(*args)
     got = triton_kernels.paged_prefill_attention(*args)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_prompts_from_position_zero_take_sdpas_causal_mask_and_match_the_mask_tensor() -> None:
+    """A step whose prompt chunks all start at position 0 lets SDPA apply its own causal mask
+    (top-left): rows padded to the longest must still see only their own keys."""
+    seq_lens = [5, 17, 40]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.float32, seed=4)
+    start = torch.tensor([0, *seq_lens]).cumsum(0)
+    query = torch.randn(int(start[-1]), HEADS, DIM)
+    masked, causal = (
+        reference.paged_prefill_attention(
+            query, k_cache, v_cache, reference.PrefillPlan(tables, lens, start, 40, fresh), 0.125
+        )
+        for fresh in (False, True)
+    )
+    torch.testing.assert_close(causal, masked, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("positions", "query_start", "from_start"),
+    [
+        ([0, 1, 2, 9], [0, 3, 4], True),  # a prompt from 0, a decode row
+        ([0, 1, 2, 5, 6], [0, 3, 5], False),  # a second chunk, after a prefix
+        ([9, 4], [0, 1, 2], False),  # decode rows only
+    ],
+)
+def test_a_step_knows_on_the_host_whether_its_prompts_start_at_zero(
+    positions: list[int], query_start: list[int], from_start: bool
+) -> None:
+    rows = len(query_start) - 1
+    inputs = StepInputs(
+        rows=np.arange(rows),
+        input_ids=np.zeros(len(positions), dtype=np.int64),
+        positions=np.array(positions),
+        slot_mapping=np.array(positions),
+        query_start_loc=np.array(query_start),
+        seq_lens=np.ones(rows, dtype=np.int64),
+        block_tables=np.zeros((rows, 1), dtype=np.int64),
+        logits_indices=np.array(query_start[1:]) - 1,
+        sample_rows=np.arange(rows),
+    )
+    assert StepLayout(inputs).from_start is from_start
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

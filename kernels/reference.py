@@ -137,9 +137,10 @@ def paged_prefill_attention(
     block_ids = block_tables.reshape(-1)
     keys = _gather_kv(k_cache, block_ids, rows, query.dtype)
     values = _gather_kv(v_cache, block_ids, rows, query.dtype)
-    if plan.from_start and not window and not softcap:
+    if plan.from_start and not window and not softcap and query.device.type == "cpu":
         # Query i sees keys 0..i in every row: SDPA's own causal mask, which skips the masked
-        # half where a mask tensor does not (half the time on the CPU: docs/benchmarks.md).
+        # half where a mask tensor does not (half the time: docs/benchmarks.md). On the CPU
+        # only, where it is top-left aligned for more keys than queries, as here.
         out = F.scaled_dot_product_attention(
             padded, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )

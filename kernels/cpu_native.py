@@ -88,7 +88,7 @@ _SIGNATURES = {
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
 }
-# The quantized product's tiles, as quantized.c numbers them: 256-bit without VNNI, 256-bit
+# The quantized product's tiles, as simd.h numbers them: 256-bit without VNNI, 256-bit
 # VNNI (AVX-VNNI, or AVX512-VL's encoding of it), 512-bit VNNI.
 ISAS = ("avx2", "avx_vnni", "avx512_vnni")
 

@@ -37,6 +37,7 @@ static inline __m256 sum_lanes8(const __m256 v[8]) {
 /* The most query heads that read one key or value head together: their sums then take 24 of
  * the 32 registers AVX-512 gives (AVX2 has 16, so it takes one head at a time). */
 #define MOST_HEADS 3
+_Static_assert(MOST_HEADS <= 3, "score_group and weigh_group take a rest of 2 or 1 heads");
 #define INLINE static inline __attribute__((always_inline))
 
 /* scores[j * score_stride + t] = q_j . key(t) for the n query heads from q on (dim apart) that

@@ -8,8 +8,6 @@
 #include "quantized.h"
 #include "simd.h"
 
-enum { ISA_AVX2 = 0, ISA_AVX_VNNI = 1, ISA_AVX512_VNNI = 2 };
-
 typedef void (*Product)(const QProduct *, long, int, long);
 
 /* 256-bit VNNI in the encoding this CPU has: AVX-VNNI's, else AVX512-VL's. */

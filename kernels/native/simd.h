@@ -4,6 +4,8 @@
 
 /* The KV cache's value formats, numbered as kernels/native_attention.py's CACHE_DTYPES. */
 enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+/* The ISAs the kernels take, numbered as kernels/cpu_native.py's ISAS. */
+enum { ISA_AVX2 = 0, ISA_AVX_VNNI = 1, ISA_AVX512_VNNI = 2 };
 
 static inline float sum_lanes(__m256 v) {
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -85,11 +85,14 @@ def test_the_quantized_product_is_the_reference_on_every_isa(
 def test_a_row_of_the_quantized_product_does_not_depend_on_its_batch() -> None:
     """Recomputing a preempted sequence alone must give the bits it had in a batch."""
     weight = _weight(Q.Q4_1, 64, 256)
-    packed, x = pack(weight).panels, torch.randn(13, 256)
-    together = cpu_native.linear_quantized(x, packed, 64, 4)
-    for row in (0, 5, 12):
-        alone = cpu_native.linear_quantized(x[row : row + 1], packed, 64, 4)
-        assert torch.equal(alone[0], together[row])
+    packed = pack(weight).panels
+    # 1,103 rows: in blocks of rows against every panel in turn (quantized.c), then a rest.
+    for x, rows in ((torch.randn(13, 256), (0, 5, 12)), (torch.randn(1103, 256), (0, 700, 1102))):
+        together = cpu_native.linear_quantized(x, packed, 64, 4)
+        for row in rows:
+            alone = cpu_native.linear_quantized(x[row : row + 1], packed, 64, 4)
+            assert torch.equal(alone[0], together[row])
+    torch.testing.assert_close(together, reference_linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -64,6 +64,7 @@ class NativeDecode:
         self._rotations = torch.view_as_real(rotations)  # [positions, dim / 2, 2] float32
         self._windows = [layer.window for layer in layers]
         self._isa = cpu_native.ISAS.index(cpu_native.best_isa())
+        self._scratch = torch.empty(0)
         # The structs the pointers below point at, kept alive as long as this object.
         self._descriptors = [
             [_projection(p).native_weight() for p in _projections(layer)] for layer in layers
@@ -82,6 +83,13 @@ class NativeDecode:
             for layer, (qkv, o_proj, gate_up, down) in zip(layers, self._descriptors, strict=True)
         ]
 
+    def _scratch_for(self, floats: int) -> torch.Tensor:
+        """The layers' buffers, kept from step to step: a fresh one a step was fresh pages,
+        each faulted in and zeroed by the kernel (60 MB for a 2,048-token chunk)."""
+        if self._scratch.numel() < floats:
+            self._scratch = torch.empty(floats, dtype=torch.float32)
+        return self._scratch
+
     def __call__(
         self,
         hidden: torch.Tensor,
@@ -98,7 +106,7 @@ class NativeDecode:
         slots = slot_mapping.to(torch.int64).contiguous()
         shape = (rows, info.hidden_size, info.intermediate_size)
         shape += (info.num_heads, info.num_kv_heads, info.head_dim)
-        scratch = hidden.new_empty(self._lib.decode_layer_scratch(*shape))
+        scratch = self._scratch_for(self._lib.decode_layer_scratch(*shape))
         step = cpu_native.DecodeStep(
             *shape,
             info.rms_norm_eps,

@@ -63,6 +63,21 @@ void qstore_tile(const QProduct *p, long row, int rows, long first, const float 
 }
 
 #define TILE_ROWS 6
+
+/* A tile's output rows (and their residual) asked for at its start: its products take long
+ * enough to hide the misses, which a column of 64-byte pieces of rows otherwise waits on. */
+static void prefetch_outputs(const QProduct *p, long row, int rows, long panel) {
+    for (long j = row; j < row + rows; j++) {
+        const long at = j * p->ldy + panel * QPANEL;
+        if (p->residual) _mm_prefetch((const char *)(p->residual + at), _MM_HINT_T0);
+        __builtin_prefetch(p->y + at, 1);
+    }
+}
+
+static void tile(const QProduct *p, Product product, long row, int rows, long panel) {
+    prefetch_outputs(p, row, rows, panel);
+    product(p, row, rows, panel);
+}
 #define BLOCK_CODES 65536 /* bytes of activation codes in a block of rows (16-128 KB tried) */
 
 /* Rows of y (and of the residual) `ldy` apart: a part of a stacked weight fills its columns.
@@ -97,8 +112,9 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
         for (long t = 0; t < row_blocks * panels; t++) {
             const long q = t % panels, first = t / panels * block_rows;
             const long end = t / panels == row_blocks - 1 ? full : first + block_rows;
-            for (long row = first; row < end; row += TILE_ROWS) product(&p, row, TILE_ROWS, q);
-            if (rest && end == full) product(&p, full, rest, q);
+            for (long row = first; row < end; row += TILE_ROWS)
+                tile(&p, product, row, TILE_ROWS, q);
+            if (rest && end == full) tile(&p, product, full, rest, q);
         }
     }
     free(xq);

@@ -63,6 +63,7 @@ void qstore_tile(const QProduct *p, long row, int rows, long first, const float 
 }
 
 #define TILE_ROWS 6
+#define BLOCK_CODES 65536 /* bytes of activation codes in a block of rows (16-128 KB tried) */
 
 /* A tile's output rows (and their residual) asked for at its start: its products take long
  * enough to hide the misses, which a column of 64-byte pieces of rows otherwise waits on. */
@@ -78,7 +79,6 @@ static void tile(const QProduct *p, Product product, long row, int rows, long pa
     prefetch_outputs(p, row, rows, panel);
     product(p, row, rows, panel);
 }
-#define BLOCK_CODES 65536 /* bytes of activation codes in a block of rows (16-128 KB tried) */
 
 /* Rows of y (and of the residual) `ldy` apart: a part of a stacked weight fills its columns.
  * Returns -1 where the activations' codes cannot be allocated. */

@@ -97,7 +97,7 @@ def test_n_choices_compute_the_prompt_once(service: Server, client: openai.OpenA
     deadline = time.monotonic() + 10
     while service.scrape()[queries] - before[queries] < 4 * len(prompt):
         if time.monotonic() > deadline:
-            break
+            break  # the bounds below then say what was missed
         time.sleep(0.2)
     after = settled(service)
     looked_up = after[queries] - before[queries]

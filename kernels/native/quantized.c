@@ -65,18 +65,14 @@ void qstore_tile(const QProduct *p, long row, int rows, long first, const float 
 #define TILE_ROWS 6
 #define BLOCK_CODES 65536 /* bytes of activation codes in a block of rows (16-128 KB tried) */
 
-/* A tile's output rows (and their residual) asked for at its start: its products take long
+/* A tile, its output rows (and their residual) asked for at its start: its products take long
  * enough to hide the misses, which a column of 64-byte pieces of rows otherwise waits on. */
-static void prefetch_outputs(const QProduct *p, long row, int rows, long panel) {
+static void tile(const QProduct *p, Product product, long row, int rows, long panel) {
     for (long j = row; j < row + rows; j++) {
         const long at = j * p->ldy + panel * QPANEL;
         if (p->residual) _mm_prefetch((const char *)(p->residual + at), _MM_HINT_T0);
         __builtin_prefetch(p->y + at, 1);
     }
-}
-
-static void tile(const QProduct *p, Product product, long row, int rows, long panel) {
-    prefetch_outputs(p, row, rows, panel);
     product(p, row, rows, panel);
 }
 

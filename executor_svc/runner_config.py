@@ -34,6 +34,11 @@ class ExecutorConfig:
         "the KV cache's (auto: the activations'; bfloat16 where GGUF blocks stay quantized: "
         "half the bytes a decode step's attention reads)",
     )
+    cpu_attention: Literal["auto", "tiles", "rows"] = setting(
+        "auto",
+        "cpu backend, bfloat16 KV cache: tiles: AMX-BF16 tiles (bf16 queries and softmax "
+        "weights, fp32 sums); rows: float32 rows; auto: tiles where the CPU has AMX-BF16",
+    )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")

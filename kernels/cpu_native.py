@@ -51,6 +51,7 @@ class DecodeStep(ctypes.Structure):
         ("scratch", _PTR),
         ("window", _LONG),
         ("isa", _LONG),
+        ("tiles", _LONG),
     ]
 
 
@@ -79,6 +80,7 @@ _SIGNATURES = {
         _LONG,
         _FLOAT,
         _LONG,  # the ISA, numbered as ISAS
+        _LONG,  # a bf16 cache on AMX tiles
     ],
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
@@ -153,7 +155,7 @@ def library() -> ctypes.CDLL | None:
         lib.race_rows,
     ):
         void.restype = None
-    lib.linear_quantized.restype = lib.linear_weight.restype = ctypes.c_int
+    lib.linear_quantized.restype = lib.linear_weight.restype = lib.amx_ready.restype = ctypes.c_int
     return lib
 
 
@@ -232,6 +234,15 @@ def linear(
 def best_isa() -> str:
     """The widest of `ISAS` this CPU runs."""
     return usable_isas()[-1]
+
+
+@functools.cache
+def amx_tiles() -> bool:
+    """Whether attention over a bf16 cache can run on AMX-BF16 tiles here (attention_tiles.c):
+    the CPU has them and Linux lends their state to this process."""
+    amx = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512vl"} <= cpu_flags()
+    lib = library()
+    return amx and lib is not None and bool(lib.amx_ready())
 
 
 def usable_isas() -> tuple[str, ...]:

@@ -22,10 +22,13 @@ def paged_decode_attention(
     window: int = 0,
     softcap: float = 0.0,
     isa: str | None = None,
+    tiles: bool | None = None,
 ) -> torch.Tensor:
     """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV,
     in any of `CACHE_DTYPES` (its last `window` tokens with a window; scores soft-capped where
-    `softcap`); on `isa` (default the best), which changes the speed, never the bits."""
+    `softcap`); on `isa` (default the best), which changes the speed, never the bits. `tiles`
+    (default: where the CPU has them): a bfloat16 cache on AMX-BF16 tiles, bf16 products summed
+    in float32, so other bits than the rows' float32."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -39,6 +42,10 @@ def paged_decode_attention(
             "native decode attention needs a float32, bfloat16 or float16 cache and "
             f"head_dim % 8 == 0, got {k_cache.dtype} and {dim}"
         )
+    if tiles is None:
+        tiles = cpu_native.amx_tiles()
+    elif tiles and not cpu_native.amx_tiles():  # which also asks Linux for the tiles' state
+        raise ValueError("attention on AMX tiles needs a CPU with AMX-BF16 and AVX512-BF16")
     out = torch.empty_like(query)
     status = lib.paged_decode_attention(
         query.data_ptr(),
@@ -58,6 +65,7 @@ def paged_decode_attention(
         window,
         softcap,
         cpu_native.ISAS.index(isa or cpu_native.best_isa()),
+        tiles,
     )
     if status:
         raise MemoryError("native decode attention could not allocate its scores")

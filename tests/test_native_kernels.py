@@ -99,9 +99,10 @@ def test_paged_decode_matches_reference(
     k_cache, v_cache, tables, lens = paged_setup(seq_lens, block_size, cache_dtype)
     query = torch.randn(len(seq_lens), HEADS, DIM)
     plan = reference.plan_decode(tables, lens, block_size)
-    expected, got = (
-        kernels.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window, softcap)
-        for kernels in (reference, native_attention)
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window,
+                                                softcap)  # fmt: skip
+    got = native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, DIM**-0.5, window, softcap, tiles=False
     )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
@@ -123,6 +124,45 @@ def test_few_rows_split_their_context_and_merge_to_the_reference(
     torch.testing.assert_close(got, expected, atol=1e-5 * magnitude, rtol=0)
 
 
+def prompt_and_shared_prefix(
+    heads: int, kv_heads: int, dim: int, cache_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]], torch.Tensor, torch.Tensor,
+           torch.Tensor]:  # fmt: skip
+    """A 150-token prompt's rows, a row of a request that shares its first five blocks (prefix
+    caching), then the prompt's rows again, unsorted: the caches, the rows as (request,
+    length), their tables, lengths and queries."""
+    generator = torch.Generator().manual_seed(heads + dim)
+    k_cache, v_cache = (
+        torch.randn(25, 16, kv_heads, dim, generator=generator).to(cache_dtype) for _ in "kv"
+    )
+    tables = torch.randperm(25, generator=generator)[:20].view(2, 10)
+    tables[1, :5] = tables[0, :5]
+    rows = [(0, n) for n in range(1, 151)] + [(1, 120)] + [(0, n) for n in range(100, 59, -3)]
+    table_rows = tables[[request for request, _ in rows]]
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int64)
+    query = torch.randn(len(rows), heads, dim, generator=generator)
+    return k_cache, v_cache, rows, table_rows, lens, query
+
+
+def each_alone(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table_rows: torch.Tensor,
+    lens: torch.Tensor,
+    *args: float,
+    **options: str | bool,
+) -> torch.Tensor:
+    """Native attention on each row alone, as a decode row."""
+    return torch.cat([
+        native_attention.paged_decode_attention(
+            query[i : i + 1], k_cache, v_cache,
+            reference.plan_decode(table_rows[i : i + 1], lens[i : i + 1], 16), *args, **options,
+        )
+        for i in range(len(lens))
+    ])  # fmt: skip
+
+
 # Query heads on KV heads: groups of 3 (one wide pass), 4 (3 then 1), 5 (3 then 2) and 1; a
 # head_dim of 72 sums 64 dims, then 8.
 GEOMETRIES = [(9, 3, 64), (8, 2, 72), (10, 2, 64), (4, 4, 32)]
@@ -139,28 +179,15 @@ def test_a_prompts_rows_read_each_block_once_and_get_the_bits_they_get_alone(
     gets alone on AVX2, as a decode row, so that a token's result depends on neither its step
     nor the CPU. Here: a 150-token prompt's rows, a request that shares its first five blocks
     (prefix caching), then the prompt's rows again, unsorted."""
-    generator = torch.Generator().manual_seed(heads + dim)
-    k_cache, v_cache = (
-        torch.randn(25, 16, kv_heads, dim, generator=generator).to(cache_dtype) for _ in "kv"
+    k_cache, v_cache, rows, table_rows, lens, query = prompt_and_shared_prefix(
+        heads, kv_heads, dim, cache_dtype
     )
-    tables = torch.randperm(25, generator=generator)[:20].view(2, 10)
-    tables[1, :5] = tables[0, :5]
-    rows = [(0, n) for n in range(1, 151)] + [(1, 120)] + [(0, n) for n in range(100, 59, -3)]
-    table_rows = tables[[request for request, _ in rows]]
-    lens = torch.tensor([n for _, n in rows], dtype=torch.int64)
-    query = torch.randn(len(rows), heads, dim, generator=generator)
     plan = reference.plan_decode(table_rows, lens, 16)
-    alone = torch.cat([
-        native_attention.paged_decode_attention(
-            query[i : i + 1], k_cache, v_cache,
-            reference.plan_decode(table_rows[i : i + 1], lens[i : i + 1], 16),
-            0.125, window, isa="avx2",
-        )
-        for i in range(len(rows))
-    ])  # fmt: skip
+    alone = each_alone(query, k_cache, v_cache, table_rows, lens, 0.125, window, isa="avx2",
+                       tiles=False)  # fmt: skip
     for isa in cpu_native.usable_isas():
         together = native_attention.paged_decode_attention(
-            query, k_cache, v_cache, plan, 0.125, window, isa=isa
+            query, k_cache, v_cache, plan, 0.125, window, isa=isa, tiles=False
         )
         differ = (together != alone).any(dim=(1, 2)).nonzero().flatten().tolist()
         assert not differ, (isa, [rows[i] for i in differ])

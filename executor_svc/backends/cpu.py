@@ -5,6 +5,8 @@ reference's, whose batched SDPA does well on long chunks. Figures: docs/benchmar
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from turnstile.executor_svc.backend import Backend, FusedRows, KVCaches, Route
@@ -31,10 +33,11 @@ from turnstile.shared.model_info import ModelInfo
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
 
-# Decode attention reads the paged cache in place; KV writes and prefill stay the reference's.
-NATIVE_ATTENTION = PagedAttention(
-    reference.write_kv, native_attention.paged_decode_attention, reference.paged_prefill_attention
-)
+def native_attention_for(tiles: bool) -> PagedAttention:
+    """Decode attention reads the paged cache in place (a bf16 one on AMX tiles where `tiles`);
+    KV writes and prefill stay the reference's."""
+    decode = functools.partial(native_attention.paged_decode_attention, tiles=tiles)
+    return PagedAttention(reference.write_kv, decode, reference.paged_prefill_attention)
 
 
 class CpuNativeBackend(Backend):
@@ -59,9 +62,17 @@ class CpuNativeBackend(Backend):
             )
         super().__init__(config, info)
         native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats
-        self.attention = NATIVE_ATTENTION if native else TORCH_ATTENTION
+        self.attention_tiles = self._attention_tiles()
+        self.attention = native_attention_for(self.attention_tiles) if native else TORCH_ATTENTION
         self._native: NativeDecode | None = None
         self._quantized = False
+
+    def _attention_tiles(self) -> bool:
+        """Whether a bf16 cache's attention runs on AMX-BF16 tiles (`--cpu-attention`)."""
+        chosen = self.config.executor.cpu_attention
+        if chosen == "tiles" and not cpu_native.amx_tiles():
+            raise ValueError("--cpu-attention tiles needs a CPU with AMX-BF16 and AVX512-BF16")
+        return chosen != "rows" and cpu_native.amx_tiles()
 
     def default_dtype(self) -> str:
         return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)
@@ -100,7 +111,9 @@ class CpuNativeBackend(Backend):
     def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
         super().bind(model, kv_caches)
         if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
-            self._native = NativeDecode(model.info, model.layers, model.rotations[0])
+            self._native = NativeDecode(
+                model.info, model.layers, model.rotations[0], self.attention_tiles
+            )
         projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
         self._quantized = any(isinstance(p, QuantizedProjection) for p in projections)
 

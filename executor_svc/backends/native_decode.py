@@ -54,9 +54,14 @@ class NativeDecode:
         return info.head_dim % 8 == 0 and info.intermediate_size % 8 == 0 and llama_layer
 
     def __init__(
-        self, info: ModelInfo, layers: list[LayerWeights], rotations: torch.Tensor
+        self,
+        info: ModelInfo,
+        layers: list[LayerWeights],
+        rotations: torch.Tensor,
+        tiles: bool = False,
     ) -> None:
-        """Every projection of `layers` one of the cpu backend's (`packed_projection.py`)."""
+        """Every projection of `layers` one of the cpu backend's (`packed_projection.py`);
+        `tiles`: a bf16 cache's attention on AMX tiles (`cpu_native.amx_tiles()` must hold)."""
         lib = cpu_native.library()
         assert lib is not None
         self._lib = lib
@@ -64,6 +69,7 @@ class NativeDecode:
         self._rotations = torch.view_as_real(rotations)  # [positions, dim / 2, 2] float32
         self._windows = [layer.window for layer in layers]
         self._isa = cpu_native.ISAS.index(cpu_native.best_isa())
+        self._tiles = tiles
         self._scratch = torch.empty(0)
         # The structs the pointers below point at, kept alive as long as this object.
         self._descriptors = [
@@ -123,6 +129,7 @@ class NativeDecode:
             scratch.data_ptr(),
             0,
             self._isa,
+            self._tiles,
         )
         pointer = ctypes.byref(step)
         with torch.profiler.record_function(PROFILE_LABEL):

@@ -186,14 +186,24 @@ static int same_blocks(const Decode *a, const long *seq_lens, long window, long 
     return 1;
 }
 
+int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                    const long *block_tables, long width, const long *seq_lens, float *out,
+                    long rows, long heads, long kv_heads, long dim, long block_size, float scale,
+                    long window, float softcap);
+
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
  * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
  * `softcap` > 0 soft-caps the scores. `isa` (simd.h): AVX-512's registers on ISA_AVX512_VNNI,
- * the same bits on any. Returns 0, or -1 when out of memory. */
+ * the same bits on any. `tiles` (only once `amx_ready`): a bf16 cache with head_dim a multiple
+ * of 32 goes through AMX-BF16 tiles (attention_tiles.c), other bits. Returns 0, or -1 when out
+ * of memory. */
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
-                           float scale, long window, float softcap, long isa) {
+                           float scale, long window, float softcap, long isa, long tiles) {
+    if (tiles && kv_format == KV_BF16 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
+        return tiled_attention(q, k_cache, v_cache, block_tables, width, seq_lens, out, rows,
+                               heads, kv_heads, dim, block_size, scale, window, softcap);
     const int wide = isa == ISA_AVX512_VNNI;
     Decode a = {wide ? score_wide : score_narrow, wide ? weigh_wide : weigh_narrow,
                 k_cache, v_cache, kv_format, block_tables, width, heads,

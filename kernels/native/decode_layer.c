@@ -17,7 +17,7 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
-                           float scale, long window, float softcap, long isa);
+                           float scale, long window, float softcap, long isa, long tiles);
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
  * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h). Quantized parts stored in
@@ -42,6 +42,7 @@ typedef struct {
     float *scratch;           /* see `decode_layer_scratch` */
     long window;              /* this layer's sliding window; 0: full attention */
     long isa;                 /* the quantized products' tiles (quantized.c) */
+    long tiles;               /* attention on AMX tiles (paged_decode_attention) */
 } Step;
 
 /* y = x @ W.T (+ bias) (+ residual) on any packed weight; -1 where a quantized product could
@@ -170,7 +171,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     rotate_and_cache(s, projected, qk_norm, queries);
     if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
                                s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
-                               s->block_size, s->scale, s->window, 0.0f, isa))
+                               s->block_size, s->scale, s->window, 0.0f, isa, s->tiles))
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);

@@ -1,0 +1,93 @@
+/* The layouts AMX-BF16 tiles multiply (attention_tiles.c): a bfloat16 cache's values packed,
+ * once a call for each run of rows that read the same blocks, as A tiles of P.V's transpose;
+ * the 16 x 16 transposes that take there; exp in 512-bit registers. */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "simd.h"
+
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512vl,avx512bf16")))
+enum { TILE = 16, CHUNK = 32, DIMS_A_PASS = 64 }; /* rows a tile; keys a chunk; outputs a pass */
+typedef struct {
+    const uint16_t *k_cache, *v_cache;
+    const long *tables, *lens;
+    long width, heads, kv_heads, dim, block_size, window;
+    float scale, softcap;
+    uint16_t *values; /* packed (`pack_values`): [chunk of a group][kv head][dim * CHUNK] */
+} Tiles;
+
+/* Rows [first, first + rows) read the same blocks over tokens [begin, end), through `lead`'s
+ * table (the longest row's); packed as chunks [chunk, chunk + chunks) from `packed` on. */
+typedef struct {
+    long first, rows, lead, begin, end, chunk, chunks, packed;
+} Group;
+
+static inline long first_visible(long len, long window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
+/* Where chunk c of group g's KV head h lies in `values`. */
+static inline long packed_at(const Tiles *a, const Group *g, long h, long c) {
+    return ((g->packed + c - g->chunk) * a->kv_heads + h) * a->dim * CHUNK;
+}
+
+/* The 32 16-bit lanes of a and b's first 16 as pairs (a[i], b[i]), through vpermw. */
+#define INTERLEAVE                                                                             \
+    _mm512_setr_epi32(0x100000, 0x110001, 0x120002, 0x130003, 0x140004, 0x150005, 0x160006,   \
+                      0x170007, 0x180008, 0x190009, 0x1a000a, 0x1b000b, 0x1c000c, 0x1d000d,   \
+                      0x1e000e, 0x1f000f)
+
+/* r[j] becomes column j of the 16 x 16 matrix of 32-bit values whose rows are r[0..16). */
+AMX static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* u[4i + c], 128-bit lane L: column 4L + c, rows 4i.. */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) { /* then the four u[4i + c] as a 4 x 4 of 128-bit lanes */
+        const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+        const __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512i y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+/* Chunk c of group g's values of KV head h, transposed into A tiles of P.V's transpose,
+ * [16-dim group][dim][key pair][2], zeros for tokens outside the group's. */
+AMX static void pack_values(const Tiles *a, const Group *g, long h, long c) {
+    const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
+    const uint16_t *value[CHUNK];
+    for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
+        value[j] = t >= g->begin && t < g->end
+                       ? a->v_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim
+                       : NULL;
+    __m512i *to = (__m512i *)(a->values + packed_at(a, g, h, c));
+    for (long group = 0; group < dim / 16; group++) {
+        __m512i r[16]; /* [key pair][dim] as pairs */
+        for (long k = 0; k < 16; k++) {
+            __m256i v[2];
+            for (long e = 0; e < 2; e++)
+                v[e] = value[2 * k + e] ? _mm256_loadu_si256((const __m256i *)(value[2 * k + e] +
+                                                                               16 * group))
+                                        : _mm256_setzero_si256();
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
+            r[k] = _mm512_permutexvar_epi16(INTERLEAVE, both);
+        }
+        transpose16(r);
+        for (long d = 0; d < 16; d++) _mm512_store_si512(to + group * 16 + d, r[d]);
+    }
+}
+
+/* e^x for x <= 0, simd.h's in 512-bit registers. */
+AMX static inline __m512 exp_negative16(__m512 x) { EXP_NEGATIVE(512, x); }

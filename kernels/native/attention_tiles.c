@@ -27,35 +27,6 @@ typedef struct {
  * XFEATURE_XTILEDATA); 1 when granted. */
 int amx_ready(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
 
-static int agree(const Tiles *a, long x, long y, long begin, long end) {
-    const long *p = a->tables + x * a->width, *q = a->tables + y * a->width;
-    for (long b = begin / a->block_size; b * a->block_size < end; b++)
-        if (p[b] != q[b]) return 0;
-    return 1;
-}
-
-/* Consecutive rows whose tables agree over their tokens, as groups; returns their count. */
-static long group_rows(const Tiles *a, long rows, Group *groups) {
-    long count = 0, packed = 0;
-    for (long r = 0, n; r < rows; r = n) {
-        Group g = {r, 0, r, first_visible(a->lens[r], a->window), a->lens[r]};
-        for (n = r + 1; n < rows; n++) {
-            const long begin = first_visible(a->lens[n], a->window), len = a->lens[n];
-            const long from = begin < g.begin ? begin : g.begin;
-            if (!agree(a, g.lead, n, from, len < g.end ? len : g.end)) break;
-            g.begin = from;
-            if (len > g.end) g.end = len, g.lead = n;
-        }
-        g.rows = n - r;
-        g.chunk = g.begin / CHUNK;
-        g.chunks = (g.end + CHUNK - 1) / CHUNK - g.chunk;
-        g.packed = packed;
-        packed += g.chunks;
-        groups[count++] = g;
-    }
-    return count;
-}
-
 /* Gemma 2's soft cap, as attention.c applies it. */
 static void soft_cap(const Tiles *a, float *s, long count) {
     const float inner = a->scale / a->softcap, outer = a->softcap / a->scale;
@@ -94,18 +65,6 @@ AMX static void score_chunk(const Tiles *a, const Group *g, long h, const Rows *
     _tile_stored(4, s, 64);
     _tile_stored(5, s + 256, 64);
     if (a->softcap > 0.0f) soft_cap(a, s, TILE * CHUNK);
-}
-
-/* Ask for group g's blocks, keys and values, into L2 at once, so that their misses overlap:
- * a row's blocks lie anywhere in the cache, so no hardware prefetcher guesses the next one. */
-static void prefetch(const Tiles *a, const Group *g) {
-    const long bs = a->block_size, bytes = bs * a->kv_heads * a->dim * 2;
-    const long *table = a->tables + g->lead * a->width;
-    for (long b = g->begin / bs; b * bs < g->end; b++)
-        for (long i = 0; i < bytes; i += 64) {
-            _mm_prefetch((const char *)(a->k_cache) + table[b] * bytes + i, _MM_HINT_T1);
-            _mm_prefetch((const char *)(a->v_cache) + table[b] * bytes + i, _MM_HINT_T1);
-        }
 }
 
 /* The rows of the tile that see token t. */
@@ -153,7 +112,7 @@ AMX static void tile_rows(const Tiles *a, const float *q, const Group *g, long h
 /* One tile of a group's rows against its KV head h; `scores` holds a chunk's for each chunk
  * of the group (the second pass reads them again). */
 AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h, long first,
-                         float *scores, float *out) {
+                         uint16_t *local, float *scores, float *out) {
     Rows r;
     tile_rows(a, q, g, h, first, &r);
     float o[DIMS_A_PASS * TILE] __attribute__((aligned(64)));
@@ -188,7 +147,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
                 const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
                 _mm512_store_si512(weights + 16 * k, _mm512_permutexvar_epi16(interleave, both));
             }
-            const uint16_t *v = a->values + packed_at(a, g, h, c) + pass * CHUNK;
+            const uint16_t *v = packed_at(a, g, h, c, local) + pass * CHUNK;
             const long groups = (a->dim - pass) / 16;
             _tile_loadd(7, weights, 64);
             _tile_loadd(6, v, 64);
@@ -216,20 +175,29 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
     }
 }
 
-/* Tile `first` / 16 of group's pairs for KV head `head`; or, for a group of one tile a KV
- * head (a decode row), `head` -1: every KV head's, its blocks read once, in turn. */
+/* Tile `first` / 16 of group's pairs for KV head `head`; for a group of one tile a KV head (a
+ * decode row), that tile with its values packed by the task, or, `head` -1, every KV head's in
+ * turn, the group's blocks read once. */
 typedef struct {
     long group, head, first;
 } Task;
 
+/* A thread's buffers: a chunk's scores for each chunk of a group (the second pass reads them
+ * again), and the packed values of a group its task packs. */
+typedef struct {
+    float *scores;
+    uint16_t *local;
+} Scratch;
+
 AMX static void run_task(const Tiles *a, const float *q, const Group *groups, Task task,
-                         float *scores, float *out) {
+                         Scratch s, float *out) {
     const Group *g = &groups[task.group];
-    if (task.head >= 0) return run_tile(a, q, g, task.head, task.first, scores, out);
-    prefetch(a, g);
-    for (long h = 0; h < a->kv_heads; h++) {
-        for (long c = g->chunk; c < g->chunk + g->chunks; c++) pack_values(a, g, h, c);
-        run_tile(a, q, g, h, 0, scores, out);
+    if (g->packed >= 0) return run_tile(a, q, g, task.head, task.first, NULL, s.scores, out);
+    const long first = task.head < 0 ? 0 : task.head;
+    const long last = task.head < 0 ? a->kv_heads : first + 1;
+    for (long h = first; h < last; h++) {
+        for (long c = g->chunk; c < g->chunk + g->chunks; c++) pack_values(a, g, h, c, s.local);
+        run_tile(a, q, g, h, 0, s.local, s.scores, out);
     }
 }
 
@@ -240,55 +208,71 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
                         long rows, long heads, long kv_heads, long dim, long block_size,
                         float scale, long window, float softcap) {
     Tiles a = {k_cache, v_cache, block_tables, seq_lens, width, heads, kv_heads, dim,
-               block_size, window, scale, softcap};
+               block_size, window, scale, softcap, NULL, heads / kv_heads};
     Group *groups = malloc(sizeof(Group) * rows);
     if (groups == NULL) return -1;
-    const long count = group_rows(&a, rows, groups), per_head = heads / kv_heads;
-    long chunks = 0, tasks = 0;
+    const long count = group_rows(&a, rows, groups), chunk_size = dim * CHUNK;
+    long shared = 0, tasks = 0, most = 0; /* chunks packed in `values`; chunks of a group */
+    long alone = 0; /* groups of one tile a KV head */
     for (long i = 0; i < count; i++) {
-        chunks += groups[i].chunks;
-        const long tiles = (groups[i].rows * per_head + TILE - 1) / TILE;
-        tasks += tiles > 1 ? kv_heads * tiles : 1;
+        shared += groups[i].packed < 0 ? 0 : groups[i].chunks;
+        alone += groups[i].packed < 0;
+        const long tiles = (groups[i].rows * a.per_head + TILE - 1) / TILE;
+        tasks += groups[i].packed < 0 ? 0 : kv_heads * tiles;
+        most = groups[i].chunks > most ? groups[i].chunks : most;
     }
+    /* A group of one tile a KV head is one task, its blocks read once, unless there are too few
+     * such groups to keep every thread busy: then one task a KV head. */
+    const long split = alone < 4 * omp_get_max_threads() ? kv_heads : 1;
+    tasks += alone * split;
     Task *task = malloc(sizeof(Task) * tasks);
-    long *owner = malloc(sizeof(long) * chunks); /* each packed chunk's group */
-    a.values = aligned_alloc(64, sizeof(uint16_t) * chunks * kv_heads * dim * CHUNK);
+    long *owner = malloc(sizeof(long) * (shared + 1)); /* each shared chunk's group */
+    a.values = aligned_alloc(64, sizeof(uint16_t) * (shared * kv_heads + 1) * chunk_size);
     if (!task || !owner || !a.values) {
         free(groups); free(task); free(owner); free(a.values);
         return -1;
     }
-    for (long i = 0, t = 0; i < count; i++) {
-        for (long c = 0; c < groups[i].chunks; c++) owner[groups[i].packed + c] = i;
-        if (groups[i].rows * per_head <= TILE) task[t++] = (Task){i, -1, 0};
-        else
-            for (long h = 0; h < kv_heads; h++)
-                for (long first = 0; first < groups[i].rows * per_head; first += TILE)
-                    task[t++] = (Task){i, h, first};
+    long big = 0; /* tasks of groups of several tiles first, then one a group */
+    for (long i = 0; i < count; i++) {
+        const Group *g = &groups[i];
+        for (long c = 0; g->packed >= 0 && c < g->chunks; c++) owner[g->packed + c] = i;
+        for (long h = 0; g->packed >= 0 && h < kv_heads; h++)
+            for (long first = 0; first < g->rows * a.per_head; first += TILE)
+                task[big++] = (Task){i, h, first};
     }
-    long most = 0; /* chunks of the longest group */
-    for (long i = 0; i < count; i++) most = groups[i].chunks > most ? groups[i].chunks : most;
+    for (long i = 0, t = big; i < count; i++)
+        for (long h = 0; groups[i].packed < 0 && h < split; h++)
+            task[t++] = (Task){i, split > 1 ? h : -1, 0};
     TileConfig config = {.palette = 1};
     for (int i = 0; i < 8; i++) config.bytes_per_row[i] = 64, config.rows[i] = TILE;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
 #pragma omp for schedule(static)
-        for (long i = 0; i < chunks * kv_heads; i++) {
+        for (long i = 0; i < shared * kv_heads; i++) {
             const Group *g = &groups[owner[i / kv_heads]];
-            if (g->rows * per_head > TILE) /* else its task packs them (run_task) */
-                pack_values(&a, g, i % kv_heads, g->chunk + i / kv_heads - g->packed);
+            pack_values(&a, g, i % kv_heads, g->chunk + i / kv_heads - g->packed, NULL);
         }
         /* gcc 12 takes _tile_loadconfig to read 8 bytes: the barrier keeps all 64 stored. */
         __asm__ volatile("" : : "r"(&config) : "memory");
         _tile_loadconfig(&config);
-        float *scores = aligned_alloc(64, sizeof(float) * most * CHUNK * TILE);
-        if (scores == NULL) failed = 1;
-#pragma omp for schedule(dynamic, 1)
-        for (long i = 0; i < tasks; i++)
-            if (scores)
-                run_task(&a, q, groups, task[i], scores, out);
+        Scratch mine = {aligned_alloc(64, sizeof(float) * most * CHUNK * TILE),
+                        aligned_alloc(64, sizeof(uint16_t) * most * chunk_size)};
+        if (mine.scores == NULL || mine.local == NULL) failed = 1;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long i = 0; i < big; i++)
+            if (!failed) run_task(&a, q, groups, task[i], mine, out);
+        /* Each thread's next group is known: its blocks are asked for a task ahead. */
+        const long threads = omp_get_num_threads(), me = omp_get_thread_num();
+        if (big + me < tasks) prefetch(&a, &groups[task[big + me].group]);
+#pragma omp for schedule(static, 1)
+        for (long i = big; i < tasks; i++) {
+            if (i + threads < tasks) prefetch(&a, &groups[task[i + threads].group]);
+            if (!failed) run_task(&a, q, groups, task[i], mine, out);
+        }
         _tile_release();
-        free(scores);
+        free(mine.scores);
+        free(mine.local);
     }
     free(groups); free(task); free(owner); free(a.values);
     return failed ? -1 : 0;

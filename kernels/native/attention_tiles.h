@@ -1,6 +1,6 @@
-/* The layouts AMX-BF16 tiles multiply (attention_tiles.c): a bfloat16 cache's values packed,
- * once a call for each run of rows that read the same blocks, as A tiles of P.V's transpose;
- * the 16 x 16 transposes that take there; exp in 512-bit registers. */
+/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), a
+ * bfloat16 cache's values packed for them as A tiles of P.V's transpose (and the 16 x 16
+ * transposes that takes), exp in 512-bit registers. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -15,10 +15,12 @@ typedef struct {
     long width, heads, kv_heads, dim, block_size, window;
     float scale, softcap;
     uint16_t *values; /* packed (`pack_values`): [chunk of a group][kv head][dim * CHUNK] */
+    long per_head;    /* query heads a KV head */
 } Tiles;
 
 /* Rows [first, first + rows) read the same blocks over tokens [begin, end), through `lead`'s
- * table (the longest row's); packed as chunks [chunk, chunk + chunks) from `packed` on. */
+ * table (the longest row's): chunks [chunk, chunk + chunks), packed in `values` from chunk
+ * `packed` on, or by their one tile's task where they fill one tile a KV head (`packed` -1). */
 typedef struct {
     long first, rows, lead, begin, end, chunk, chunks, packed;
 } Group;
@@ -27,9 +29,54 @@ static inline long first_visible(long len, long window) {
     return window > 0 && len > window ? len - window : 0;
 }
 
-/* Where chunk c of group g's KV head h lies in `values`. */
-static inline long packed_at(const Tiles *a, const Group *g, long h, long c) {
-    return ((g->packed + c - g->chunk) * a->kv_heads + h) * a->dim * CHUNK;
+static int agree(const Tiles *a, long x, long y, long begin, long end) {
+    const long *p = a->tables + x * a->width, *q = a->tables + y * a->width;
+    for (long b = begin / a->block_size; b * a->block_size < end; b++)
+        if (p[b] != q[b]) return 0;
+    return 1;
+}
+
+/* Consecutive rows whose tables agree over their tokens, as groups; returns their count. */
+static long group_rows(const Tiles *a, long rows, Group *groups) {
+    long count = 0, packed = 0;
+    for (long r = 0, n; r < rows; r = n) {
+        Group g = {r, 0, r, first_visible(a->lens[r], a->window), a->lens[r]};
+        for (n = r + 1; n < rows; n++) {
+            const long begin = first_visible(a->lens[n], a->window), len = a->lens[n];
+            const long from = begin < g.begin ? begin : g.begin;
+            if (!agree(a, g.lead, n, from, len < g.end ? len : g.end)) break;
+            g.begin = from;
+            if (len > g.end) g.end = len, g.lead = n;
+        }
+        g.rows = n - r;
+        g.chunk = g.begin / CHUNK;
+        g.chunks = (g.end + CHUNK - 1) / CHUNK - g.chunk;
+        g.packed = g.rows * a->per_head > TILE ? packed : -1;
+        packed += g.packed < 0 ? 0 : g.chunks;
+        groups[count++] = g;
+    }
+    return count;
+}
+
+/* Ask for group g's blocks, keys and values, into L2 at once, so that their misses overlap:
+ * a row's blocks lie anywhere in the cache, so no hardware prefetcher guesses the next one. */
+static void prefetch(const Tiles *a, const Group *g) {
+    const long bs = a->block_size, bytes = bs * a->kv_heads * a->dim * 2;
+    const long *table = a->tables + g->lead * a->width;
+    for (long b = g->begin / bs; b * bs < g->end; b++)
+        for (long i = 0; i < bytes; i += 64) {
+            _mm_prefetch((const char *)(a->k_cache) + table[b] * bytes + i, _MM_HINT_T1);
+            _mm_prefetch((const char *)(a->v_cache) + table[b] * bytes + i, _MM_HINT_T1);
+        }
+}
+
+/* Where chunk c of group g's KV head h is packed: in `values`, or at `local` for a group of
+ * one tile a KV head (a decode row), whose task packs its chunks one head at a time. */
+static inline uint16_t *packed_at(const Tiles *a, const Group *g, long h, long c,
+                                  uint16_t *local) {
+    const long size = a->dim * CHUNK;
+    if (g->packed < 0) return local + (c - g->chunk) * size;
+    return a->values + ((g->packed + c - g->chunk) * a->kv_heads + h) * size;
 }
 
 /* The 32 16-bit lanes of a and b's first 16 as pairs (a[i], b[i]), through vpermw. */
@@ -65,14 +112,14 @@ AMX static inline void transpose16(__m512i r[16]) {
 
 /* Chunk c of group g's values of KV head h, transposed into A tiles of P.V's transpose,
  * [16-dim group][dim][key pair][2], zeros for tokens outside the group's. */
-AMX static void pack_values(const Tiles *a, const Group *g, long h, long c) {
+AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint16_t *local) {
     const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
     const uint16_t *value[CHUNK];
     for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
         value[j] = t >= g->begin && t < g->end
                        ? a->v_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim
                        : NULL;
-    __m512i *to = (__m512i *)(a->values + packed_at(a, g, h, c));
+    __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
     for (long group = 0; group < dim / 16; group++) {
         __m512i r[16]; /* [key pair][dim] as pairs */
         for (long k = 0; k < 16; k++) {

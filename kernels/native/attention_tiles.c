@@ -232,7 +232,7 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
         free(groups); free(task); free(owner); free(a.values);
         return -1;
     }
-    long big = 0; /* tasks of groups of several tiles first, then one a group */
+    long big = 0; /* tasks of groups of several tiles first, then the rest (decode rows) */
     for (long i = 0; i < count; i++) {
         const Group *g = &groups[i];
         for (long c = 0; g->packed >= 0 && c < g->chunks; c++) owner[g->packed + c] = i;

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from turnstile import bench_commands, services
+from turnstile import bench_parsers, services
 from turnstile.executor_svc.runner_config import ExecutorServiceConfig
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.launcher import ServeConfig, Service, configure_logging, run_service, serve
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keygen", help="a ZeroMQ CURVE secret key for TURNSTILE_CURVE_SECRET_KEY"
     )
     keygen.set_defaults(handler=services.keygen)
-    bench_commands.add_parsers(commands.add_parser("bench", help="benchmarks"))
+    bench_parsers.add_parsers(commands.add_parser("bench", help="benchmarks"))
     return parser
 
 

@@ -1,7 +1,8 @@
 """The CPU backend on the native kernels (`kernels/native/*.c`, AVX2 and FMA): projections on
-weights packed in panels, decode attention reading the paged cache in place, and whole decode
-layers in one call for steps of few tokens (`native_decode.py`). Prefill attention is the torch
-reference's, whose batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
+weights packed in panels, decode attention reading the paged cache in place (a bfloat16 one on
+AMX-BF16 tiles where the CPU has them, `--cpu-attention`), and whole decode layers in one call
+for steps of few tokens (`native_decode.py`). Prefill attention is the torch reference's, whose
+batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
 
 from __future__ import annotations
 

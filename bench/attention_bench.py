@@ -1,0 +1,69 @@
+"""`turnstile bench attention`: one layer's paged attention on the CPU over a bfloat16 cache with
+the embedded model's heads (9 query heads on 3 KV heads, head_dim 64): in float32 rows
+(`attention.c`) and, where the CPU has AMX-BF16, on tiles (`attention_tiles.c`). Prompts run
+causally, a row a token; decode rows a token each. Random cache values (the time does not
+depend on them); blocks of 16, each sequence's scattered over the cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from turnstile.bench.timing import median_ms
+from turnstile.kernels import cpu_native, native_attention, reference
+from turnstile.shared.model_info import embedded_model_path, read_model_info
+
+BLOCK = 16
+# name: (sequences, tokens each, a prompt's rows (True) or one decode row each)
+CASES = {
+    "one 2,048-token prompt": (1, 2048, True),
+    "one 1,536-token prompt": (1, 1536, True),
+    "four 512-token prompts": (4, 512, True),
+    "sixteen 128-token prompts": (16, 128, True),
+    "64 decode rows at 200 tokens": (64, 200, False),
+    "16 decode rows at 1,600 tokens": (16, 1600, False),
+    "1 decode row at 1,600 tokens": (1, 1600, False),
+}
+
+
+def _inputs(
+    sequences: int, tokens: int, prompt: bool, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, reference.DecodePlan]:
+    info = read_model_info(embedded_model_path())
+    blocks = -(-tokens // BLOCK)
+    shape = (sequences * blocks, BLOCK, info.num_kv_heads, info.head_dim)
+    k_cache, v_cache = (torch.randn(shape, generator=generator).bfloat16() for _ in "kv")
+    tables = torch.randperm(sequences * blocks, generator=generator).view(sequences, blocks)
+    if prompt:
+        lens = torch.arange(1, tokens + 1).repeat(sequences)
+        tables = tables.repeat_interleave(tokens, dim=0)
+    else:
+        lens = torch.full((sequences,), tokens)
+    query = torch.randn(len(lens), info.num_heads, info.head_dim, generator=generator)
+    return query, k_cache, v_cache, reference.plan_decode(tables, lens, BLOCK)
+
+
+def measure(repeats: int = 15) -> dict[str, dict[str, float]]:
+    """Per case, per path ("rows", and "tiles" where the CPU has them): ms (median)."""
+    paths = {"rows": False, **({"tiles": True} if cpu_native.amx_tiles() else {})}
+    generator = torch.Generator().manual_seed(0)
+    report: dict[str, dict[str, float]] = {}
+    for case, (sequences, tokens, prompt) in CASES.items():
+        inputs = _inputs(sequences, tokens, prompt, generator)
+        report[case] = {path: median_ms(_attention(*inputs, tiles), repeats)
+                        for path, tiles in paths.items()}  # fmt: skip
+    return report
+
+
+def _attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: reference.DecodePlan,
+    tiles: bool,
+) -> Callable[[], object]:
+    scale = query.shape[-1] ** -0.5
+    return lambda: native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, scale, tiles=tiles
+    )

@@ -23,6 +23,13 @@ from turnstile.bench_commands import (
 )
 
 
+def add_random_workload(command: argparse.ArgumentParser) -> None:
+    """The random prompts a served benchmark sends: how many, tokens in and out."""
+    command.add_argument("--num-prompts", type=int, default=64)
+    command.add_argument("--input-len", type=int, default=128)
+    command.add_argument("--output-len", type=int, default=128)
+
+
 def add_parsers(parser: argparse.ArgumentParser) -> None:
     """`turnstile bench <name>`: each benchmark's parameters."""
     bench = parser.add_subparsers(dest="bench", required=True)
@@ -53,9 +60,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--dataset", default="random", choices=["random", "longtail", "shared-prefix"]
     )
-    command.add_argument("--num-prompts", type=int, default=64)
-    command.add_argument("--input-len", type=int, default=128)
-    command.add_argument("--output-len", type=int, default=128)
+    add_random_workload(command)
     command.add_argument("--range-ratio", type=float, default=0.0)
     command.add_argument("--num-prefixes", type=int, default=4)
     command.add_argument("--prefix-len", type=int, default=512)
@@ -95,9 +100,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "serve-vs-hf", help="our server on random prompts next to HF generate, repeated"
     )
     command.add_argument("--rounds", type=int, default=3)
-    command.add_argument("--num-prompts", type=int, default=64)
-    command.add_argument("--input-len", type=int, default=128)
-    command.add_argument("--output-len", type=int, default=128)
+    add_random_workload(command)
     command.add_argument("--hf-batch", type=int, default=16)
     command.add_argument("--seed", type=int, default=0)
     command.set_defaults(handler=serve_vs_hf)
@@ -111,9 +114,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--window", type=float, default=3.0, help="seconds counted per run")
     command.add_argument("--rounds", type=int, default=3, help="each mode, alternated")
     command.add_argument("--served", action="store_true", help="also the real stack, served")
-    command.add_argument("--num-prompts", type=int, default=64)
-    command.add_argument("--input-len", type=int, default=128)
-    command.add_argument("--output-len", type=int, default=128)
+    add_random_workload(command)
     command.set_defaults(handler=overlap)
     command = bench.add_parser("parity", help="greedy agreement with HF, fp32 and bf16")
     command.add_argument("--new-tokens", type=int, default=64)

@@ -31,21 +31,24 @@ def resident_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def measure(model: Path, quantization: str = "auto", num_blocks: int = 64) -> Footprint:
-    """The load of `model` as `turnstile serve --quantization ...` loads it, in a new process."""
+def measure(
+    model: Path, quantization: str = "auto", num_blocks: int = 64, products: str = "auto"
+) -> Footprint:
+    """The load of `model` as `turnstile serve --quantization ... --cpu-products ...` loads
+    it, in a new process."""
     code = "import sys; from turnstile.bench.memory_bench import _load; _load(*sys.argv[1:])"
-    argv = [sys.executable, "-c", code, str(model), quantization, str(num_blocks)]
+    argv = [sys.executable, "-c", code, str(model), quantization, str(num_blocks), products]
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     return Footprint(**json.loads(done.stdout.splitlines()[-1]))
 
 
-def _load(model: str, quantization: str, num_blocks: str) -> None:
+def _load(model: str, quantization: str, num_blocks: str, products: str) -> None:
     from turnstile.executor_svc.model_runner import ModelRunner
     from turnstile.executor_svc.runner_config import RunnerConfig
     from turnstile.shared.settings import build
 
     config = build(RunnerConfig, model=model, quantization=quantization,
-                   num_blocks=int(num_blocks))  # fmt: skip
+                   num_blocks=int(num_blocks), cpu_products=products)  # fmt: skip
     before = resident_bytes()
     runner = ModelRunner(config)
     gc.collect()

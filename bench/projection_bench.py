@@ -1,7 +1,8 @@
 """`turnstile bench projections`: the embedded model's 120 layer matrices (30 layers of qkv, o,
 gate-up, down) multiplied by `rows` rows of activations on each native path this CPU has: dense
-bfloat16 panels (float32 arithmetic), and the GGUF file's own Q4_1 blocks on every ISA's tiles.
-Weights as the model holds them (random values; the time does not depend on them)."""
+bfloat16 panels (float32 arithmetic), the GGUF file's own Q4_1 blocks on every ISA's tiles, and
+(where the CPU has AMX-INT8) their values requantized for the int8 tiles. Weights as the model
+holds them (random values; the time does not depend on them)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from turnstile.bench.timing import median_ms
 from turnstile.kernels import cpu_native
+from turnstile.kernels.int8_tiles import Int8Tiles
 from turnstile.kernels.quantized_weights import QuantizedWeight, pack
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 
@@ -26,7 +28,7 @@ def _shapes() -> list[tuple[int, int]]:
 
 def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
     """Per row count, per path: ms for all 120 products (median of `repeats`)."""
-    generator = torch.Generator().manual_seed(0)
+    generator, amx = torch.Generator().manual_seed(0), cpu_native.amx_int8()
     shapes = _shapes()
     dense = [cpu_native.pack_weight(torch.randn(o, i, generator=generator).bfloat16())
              for o, i in shapes]  # fmt: skip
@@ -37,13 +39,21 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
         for o, i in shapes
     ]  # fmt: skip
 
+    tiled = [Int8Tiles.from_values(w.dequantize()) if amx else None for w in quantized]
+    tiles = [t.native_weight() if t else None for t in tiled]
+
     def products(xs: dict[int, torch.Tensor], isa: str | None) -> Callable[[], None]:
-        """All 120 products on `isa`'s quantized tiles, or (None) the bf16 panels."""
+        """All 120 products on `isa`'s quantized tiles, the int8 tiles ("tiles") or (None)
+        the bf16 panels."""
 
         def run() -> None:
-            for dense_panels, weight, (o, i) in zip(dense, quantized, shapes, strict=True):
+            for dense_panels, weight, tile, (o, i) in zip(
+                dense, quantized, tiles, shapes, strict=True
+            ):
                 if isa is None:
                     cpu_native.linear(xs[i], dense_panels, o)
+                elif isa == "tiles":
+                    cpu_native.linear_weight(xs[i], tile, o)
                 else:
                     cpu_native.linear_quantized(xs[i], weight.panels, o, 4, isa=isa)
 
@@ -55,4 +65,6 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
         report[count] = {"bf16": median_ms(products(xs, None), repeats)}
         for isa in cpu_native.usable_isas():
             report[count][f"q4_1 {isa}"] = median_ms(products(xs, isa), repeats)
+        if amx:
+            report[count]["q4_1 as int8 tiles"] = median_ms(products(xs, "tiles"), repeats)
     return report

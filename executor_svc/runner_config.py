@@ -39,6 +39,13 @@ class ExecutorConfig:
         "cpu backend, bfloat16 KV cache: tiles: AMX-BF16 tiles (bf16 queries and softmax "
         "weights, fp32 sums); rows: float32 rows; auto: tiles where the CPU has AMX-BF16",
     )
+    cpu_products: Literal["auto", "tiles", "blocks"] = setting(
+        "auto",
+        "cpu backend, --quantization gguf: tiles: weights requantized at load to int8 with a "
+        "scale a feature, activations to 16 bits a row, on AMX-INT8 tiles; blocks: the GGUF "
+        "blocks as stored, activations int8 per block of 32; auto: tiles where the CPU has "
+        "AMX-INT8",
+    )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")

@@ -57,11 +57,13 @@ class DecodeStep(ctypes.Structure):
 
 class NativeWeight(ctypes.Structure):
     """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there;
-    quantized parts in different formats chained (`rows` features here, then `next`'s)."""
+    quantized parts in different formats chained (`rows` features here, then `next`'s); int8
+    tiles with their scales a feature (`scales`)."""
 
 
 NativeWeight._fields_ = [
-    ("data", _PTR), ("bits", _LONG), ("rows", _LONG), ("next", ctypes.POINTER(NativeWeight))
+    ("data", _PTR), ("bits", _LONG), ("rows", _LONG), ("next", ctypes.POINTER(NativeWeight)),
+    ("scales", _PTR),
 ]  # fmt: skip
 
 
@@ -147,14 +149,8 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = argtypes
     lib.decode_layer_scratch.restype = _LONG
     lib.decode_layer.restype = ctypes.c_int
-    for void in (
-        lib.linear_f32,
-        lib.linear_bf16,
-        lib.round_to_half,
-        lib.argmax_rows,
-        lib.race_rows,
-    ):
-        void.restype = None
+    for name in ("linear_f32", "linear_bf16", "round_to_half", "argmax_rows", "race_rows"):
+        getattr(lib, name).restype = None
     lib.linear_quantized.restype = lib.linear_weight.restype = lib.amx_ready.restype = ctypes.c_int
     return lib
 
@@ -236,13 +232,22 @@ def best_isa() -> str:
     return usable_isas()[-1]
 
 
+def _amx(features: set[str]) -> bool:
+    """Whether the CPU has these AMX `features` and Linux lends the tiles' state here."""
+    lib = library()
+    return features <= cpu_flags() and lib is not None and bool(lib.amx_ready())
+
+
+@functools.cache
+def amx_int8() -> bool:
+    """Whether projections can run on AMX-INT8 tiles here (int8_tiles.c)."""
+    return _amx({"amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
+
 @functools.cache
 def amx_tiles() -> bool:
-    """Whether attention over a bf16 cache can run on AMX-BF16 tiles here (attention_tiles.c):
-    the CPU has them and Linux lends their state to this process."""
-    amx = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512vl"} <= cpu_flags()
-    lib = library()
-    return amx and lib is not None and bool(lib.amx_ready())
+    """Whether attention over a bf16 cache can run on AMX-BF16 tiles here (attention_tiles.c)."""
+    return _amx({"amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512vl"})
 
 
 def usable_isas() -> tuple[str, ...]:

@@ -108,6 +108,9 @@ class PackedWeight:
         """Rows `ids` dequantized: an embedding's lookup."""
         return self.unpack(ids).dequantize(dtype)
 
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.rows(torch.arange(self.shape[0]), dtype)
+
     def unpack(self, ids: torch.Tensor) -> QuantizedWeight:
         """Rows `ids` back in their unpacked form."""
         count, each = len(ids), torch.arange(len(ids))

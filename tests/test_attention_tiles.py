@@ -9,12 +9,7 @@ import torch
 from test_kernels import DIM, HEADS, paged_setup
 from test_native_kernels import each_alone, prompt_and_shared_prefix
 
-from turnstile.executor_svc.backends import create_backend
-from turnstile.executor_svc.backends.cpu import CpuNativeBackend
-from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.kernels import cpu_native, native_attention, reference
-from turnstile.shared.model_info import embedded_model_path, read_model_info
-from turnstile.shared.settings import build
 
 amx = pytest.mark.skipif(not cpu_native.amx_tiles(), reason="this CPU has no AMX-BF16 tiles")
 
@@ -145,22 +140,3 @@ def test_tiles_are_asked_for_only_where_the_cpu_has_them() -> None:
         for t in (None, True, False)
     )
     assert torch.equal(default, tiles) and not torch.equal(tiles, rows)
-
-
-def test_the_cpu_backend_takes_the_tiles_as_asked() -> None:
-    """`--cpu-attention`: auto takes the tiles where the CPU has them, rows never does, and
-    tiles where the CPU lacks them is refused at start by name."""
-    info = read_model_info(embedded_model_path())
-
-    def tiles(choice: str) -> bool:
-        backend = create_backend(build(RunnerConfig, cpu_attention=choice), info)
-        assert isinstance(backend, CpuNativeBackend)
-        return backend.attention_tiles
-
-    assert tiles("auto") == cpu_native.amx_tiles()
-    assert not tiles("rows")
-    if cpu_native.amx_tiles():
-        assert tiles("tiles")
-    else:
-        with pytest.raises(ValueError, match="--cpu-attention tiles"):
-            tiles("tiles")

@@ -57,9 +57,10 @@ def memory(args: argparse.Namespace) -> None:
 
     model = Path(args.model) if args.model else embedded_model_path()
     for quantization in args.quantization:
-        f = measure(model, quantization)
+        f = measure(model, quantization, products=args.cpu_products)
         print(
-            f"{model.name} --quantization {quantization}: resident {f.resident_bytes / 2**20:.0f}"
+            f"{model.name} --quantization {quantization} --cpu-products {args.cpu_products}: "
+            f"resident {f.resident_bytes / 2**20:.0f}"
             f" MiB after load, KV cache {f.kv_bytes / 2**20:.0f} MiB, file "
             f"{f.file_bytes / 2**20:.0f} MiB: {f.ratio:.2f}x the file, the KV cache aside"
         )

@@ -133,6 +133,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")
     command.add_argument("--quantization", nargs="+", default=["gguf", "none"])
+    command.add_argument("--cpu-products", default="auto", choices=("auto", "tiles", "blocks"))
     command.set_defaults(handler=memory)
     command = bench.add_parser(
         "quality", help="each weight format against float32: greedy agreement, perplexity"

@@ -1,5 +1,6 @@
 """The CPU backend on the native kernels (`kernels/native/*.c`, AVX2 and FMA): projections on
-weights packed in panels, decode attention reading the paged cache in place (a bfloat16 one on
+weights packed in panels (GGUF blocks requantized for AMX-INT8 tiles where the CPU has them,
+`--cpu-products`), decode attention reading the paged cache in place (a bfloat16 one on
 AMX-BF16 tiles where the CPU has them, `--cpu-attention`), and whole decode layers in one call
 for steps of few tokens (`native_decode.py`). Prefill attention is the torch reference's, whose
 batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
@@ -7,15 +8,18 @@ batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
 from turnstile.executor_svc.backend import Backend, FusedRows, KVCaches, Route
 from turnstile.executor_svc.backends.native_decode import NativeDecode
 from turnstile.executor_svc.backends.packed_projection import (
+    QUANTIZED,
     NativeProjection,
     PackedProjection,
     QuantizedProjection,
+    TiledProjection,
 )
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
@@ -23,6 +27,7 @@ from turnstile.executor_svc.model.llama import LlamaModel, Weight
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
+from turnstile.kernels.int8_tiles import Int8Tiles
 from turnstile.kernels.quantized_weights import (
     PackedWeight,
     QuantizedWeight,
@@ -31,6 +36,7 @@ from turnstile.kernels.quantized_weights import (
 )
 from turnstile.shared.model_info import ModelInfo
 
+log = logging.getLogger(__name__)
 NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
 
@@ -65,6 +71,8 @@ class CpuNativeBackend(Backend):
         native = info.head_dim % 8 == 0  # attention.c works in whole vectors of 8 floats
         self.attention_tiles = self._attention_tiles()
         self.attention = native_attention_for(self.attention_tiles) if native else TORCH_ATTENTION
+        self.product_tiles = self._product_tiles()
+        self.kept_blocks = 0  # quantized weights int8 would not keep (Int8Tiles.faithful)
         self._native: NativeDecode | None = None
         self._quantized = False
 
@@ -74,6 +82,13 @@ class CpuNativeBackend(Backend):
         if chosen == "tiles" and not cpu_native.amx_tiles():
             raise ValueError("--cpu-attention tiles needs a CPU with AMX-BF16 and AVX512-BF16")
         return chosen != "rows" and cpu_native.amx_tiles()
+
+    def _product_tiles(self) -> bool:
+        """Whether GGUF weights are requantized for AMX-INT8 tiles (`--cpu-products`)."""
+        chosen = self.config.executor.cpu_products
+        if chosen == "tiles" and not cpu_native.amx_int8():
+            raise ValueError("--cpu-products tiles needs a CPU with AMX-INT8 and AVX-512")
+        return chosen != "blocks" and cpu_native.amx_int8()
 
     def default_dtype(self) -> str:
         return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)
@@ -101,6 +116,13 @@ class CpuNativeBackend(Backend):
         return auto and gguf and engine.tensor_parallel_size == 1
 
     def projection(self, weight: Weight, bias: torch.Tensor | None) -> NativeProjection:
+        quantized = isinstance(weight, (QuantizedWeight, StackedWeight, PackedWeight))
+        if quantized and self.product_tiles:
+            values = weight.dequantize()
+            tiles = Int8Tiles.from_values(values)
+            if tiles.faithful(values):
+                return TiledProjection(tiles, bias)
+            self.kept_blocks += 1
         if isinstance(weight, StackedWeight):
             return QuantizedProjection([pack(part) for part in weight.parts], bias)
         if isinstance(weight, QuantizedWeight):
@@ -116,7 +138,10 @@ class CpuNativeBackend(Backend):
                 model.info, model.layers, model.rotations[0], self.attention_tiles
             )
         projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
-        self._quantized = any(isinstance(p, QuantizedProjection) for p in projections)
+        self._quantized = any(isinstance(p, QUANTIZED) for p in projections)
+        if self.kept_blocks:
+            log.warning("%d quantized weights kept their GGUF blocks: int8 a feature would lose "
+                        "their small blocks (Int8Tiles.faithful)", self.kept_blocks)  # fmt: skip
 
     def route(self, layout: StepLayout) -> Route:
         """With one or a few rows, Python and dispatch cost more than the arithmetic: decode

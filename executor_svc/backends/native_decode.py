@@ -14,6 +14,7 @@ from turnstile.executor_svc.backends.packed_projection import (
     NativeProjection,
     PackedProjection,
     QuantizedProjection,
+    TiledProjection,
 )
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection
@@ -29,7 +30,7 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 
 
 def _projection(projection: Projection) -> NativeProjection:
-    if not isinstance(projection, (PackedProjection, QuantizedProjection)):
+    if not isinstance(projection, (PackedProjection, QuantizedProjection, TiledProjection)):
         raise TypeError("the fused native layers need the cpu backend's projections")
     return projection
 

@@ -1,6 +1,7 @@
 """Projections on the native CPU kernels: dense weights stored once in panels of 16 output
 features (`kernels/native/gemm.c`; against oneDNN with prepacked weights: docs/benchmarks.md),
-or GGUF blocks kept quantized in panels (`kernels/native/quantized*.c`)."""
+GGUF blocks kept quantized in panels (`kernels/native/quantized*.c`), or their values
+requantized to int8 on AMX tiles (`kernels/native/int8_tiles.c`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import itertools
 import torch
 
 from turnstile.kernels import cpu_native
+from turnstile.kernels.int8_tiles import Int8Tiles
 from turnstile.kernels.quantized_weights import PackedWeight
 
 
@@ -59,4 +61,24 @@ class QuantizedProjection:
         return self._chain[0]
 
 
-NativeProjection = PackedProjection | QuantizedProjection
+class TiledProjection:
+    """A projection on AMX-INT8 tiles (`--cpu-products tiles`): the weight requantized at load
+    to int8 with a scale a feature, the activations to 16 bits a row."""
+
+    __slots__ = ("_weight", "bias", "out_features", "tiles")
+
+    def __init__(self, tiles: Int8Tiles, bias: torch.Tensor | None) -> None:
+        self.out_features = tiles.shape[0]
+        self.tiles = tiles
+        self.bias = None if bias is None else bias.float()
+        self._weight = tiles.native_weight()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return cpu_native.linear_weight(x, self._weight, self.out_features, self.bias, residual)
+
+    def native_weight(self) -> cpu_native.NativeWeight:
+        return self._weight
+
+
+NativeProjection = PackedProjection | QuantizedProjection | TiledProjection
+QUANTIZED = (QuantizedProjection, TiledProjection)

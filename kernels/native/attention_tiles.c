@@ -14,14 +14,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx.h"
 #include "attention_tiles.h"
 
 /* Tiles 0-3: the output's 64 dims of a pass; 4-5: a chunk's scores; 6: A; 7: B. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-} TileConfig;
 
 /* Linux lends a process the tiles' state only once it asks (ARCH_REQ_XCOMP_PERM for
  * XFEATURE_XTILEDATA); 1 when granted. */
@@ -243,8 +239,6 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
     for (long i = 0, t = big; i < count; i++)
         for (long h = 0; groups[i].packed < 0 && h < split; h++)
             task[t++] = (Task){i, split > 1 ? h : -1, 0};
-    TileConfig config = {.palette = 1};
-    for (int i = 0; i < 8; i++) config.bytes_per_row[i] = 64, config.rows[i] = TILE;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -253,9 +247,7 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
             const Group *g = &groups[owner[i / kv_heads]];
             pack_values(&a, g, i % kv_heads, g->chunk + i / kv_heads - g->packed, NULL);
         }
-        /* gcc 12 takes _tile_loadconfig to read 8 bytes: the barrier keeps all 64 stored. */
-        __asm__ volatile("" : : "r"(&config) : "memory");
-        _tile_loadconfig(&config);
+        configure_tiles();
         Scratch mine = {aligned_alloc(64, sizeof(float) * most * CHUNK * TILE),
                         aligned_alloc(64, sizeof(uint16_t) * most * chunk_size)};
         if (mine.scores == NULL || mine.local == NULL) failed = 1;

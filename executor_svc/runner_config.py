@@ -26,8 +26,8 @@ class ExecutorConfig:
     quantization: Literal["auto", "gguf", "none"] = setting(
         "auto",
         "gguf: compute on a GGUF file's Q4_0/Q4_1/Q8_0 blocks as stored, activations quantized "
-        "to int8 (cpu backend; on AMX-INT8, see --cpu-products); none: dequantize every weight to --dtype; auto: gguf for a GGUF "
-        "file on the cpu backend when no --dtype is given",
+        "to int8 (cpu backend; on AMX-INT8, see --cpu-products); none: dequantize every weight "
+        "to --dtype; auto: gguf for a GGUF file on the cpu backend when no --dtype is given",
     )
     kv_cache_dtype: Literal["auto", "bfloat16", "float32", "float16"] = setting(
         "auto",

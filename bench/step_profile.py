@@ -56,9 +56,9 @@ class StepProfile:
         ]
 
 
-def run(rows: int, prompt_len: int, steps: int, dtype: str) -> StepProfile:
+def run(rows: int, prompt_len: int, steps: int, dtype: str, products: str = "auto") -> StepProfile:
     engine = OfflineEngine(
-        build(RunnerConfig, dtype=dtype, max_num_seqs=rows),
+        build(RunnerConfig, dtype=dtype, max_num_seqs=rows, cpu_products=products),
         SchedulingConfig(max(SchedulingConfig().max_num_batched_tokens, rows * prompt_len)),
     )
     scheduler, runner = engine.scheduler, engine.runner

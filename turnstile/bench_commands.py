@@ -25,7 +25,8 @@ def step(args: argparse.Namespace) -> None:
     from turnstile.bench.step_profile import run
 
     for rows in args.rows:
-        print("\n".join(run(rows, args.prompt_len, args.steps, args.dtype).lines()))
+        profile = run(rows, args.prompt_len, args.steps, args.dtype, args.cpu_products)
+        print("\n".join(profile.lines()))
 
 
 def parity(args: argparse.Namespace) -> None:

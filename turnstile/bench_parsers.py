@@ -53,6 +53,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--prompt-len", type=int, default=128)
     command.add_argument("--steps", type=int, default=10, help="timed and profiled steps, each")
     command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    command.add_argument("--cpu-products", default="auto", choices=("auto", "tiles", "blocks"))
     command.set_defaults(handler=step)
     command = bench.add_parser("serve", help="load an OpenAI-compatible server")
     command.add_argument("--url", default="http://127.0.0.1:8000")

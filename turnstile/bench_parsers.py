@@ -22,6 +22,8 @@ from turnstile.bench_commands import (
     step,
 )
 
+CPU_PRODUCTS = ("auto", "tiles", "blocks")  # --cpu-products, as the executor takes it
+
 
 def add_random_workload(command: argparse.ArgumentParser) -> None:
     """The random prompts a served benchmark sends: how many, tokens in and out."""
@@ -53,7 +55,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--prompt-len", type=int, default=128)
     command.add_argument("--steps", type=int, default=10, help="timed and profiled steps, each")
     command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    command.add_argument("--cpu-products", default="auto", choices=("auto", "tiles", "blocks"))
+    command.add_argument("--cpu-products", default="auto", choices=CPU_PRODUCTS)
     command.set_defaults(handler=step)
     command = bench.add_parser("serve", help="load an OpenAI-compatible server")
     command.add_argument("--url", default="http://127.0.0.1:8000")
@@ -121,7 +123,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--new-tokens", type=int, default=64)
     command.set_defaults(handler=parity)
     command = bench.add_parser(
-        "projections", help="the model's layer products per native path: bf16, Q4_1 per ISA"
+        "projections", help="the model's layer products per native path: bf16, Q4_1, int8 tiles"
     )
     command.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     command.add_argument("--repeats", type=int, default=7)
@@ -134,7 +136,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")
     command.add_argument("--quantization", nargs="+", default=["gguf", "none"])
-    command.add_argument("--cpu-products", default="auto", choices=("auto", "tiles", "blocks"))
+    command.add_argument("--cpu-products", default="auto", choices=CPU_PRODUCTS)
     command.set_defaults(handler=memory)
     command = bench.add_parser(
         "quality", help="each weight format against float32: greedy agreement, perplexity"

@@ -10,12 +10,7 @@ import ctypes
 
 import torch
 
-from turnstile.executor_svc.backends.packed_projection import (
-    NativeProjection,
-    PackedProjection,
-    QuantizedProjection,
-    TiledProjection,
-)
+from turnstile.executor_svc.backends.packed_projection import NativeProjection
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.projection import Projection
 from turnstile.kernels import cpu_native, native_attention
@@ -30,7 +25,7 @@ def _address(tensor: torch.Tensor | None) -> int | None:
 
 
 def _projection(projection: Projection) -> NativeProjection:
-    if not isinstance(projection, (PackedProjection, QuantizedProjection, TiledProjection)):
+    if not isinstance(projection, NativeProjection):
         raise TypeError("the fused native layers need the cpu backend's projections")
     return projection
 

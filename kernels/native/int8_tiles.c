@@ -77,7 +77,8 @@ static void finish(const Product *p, long row, int rows, long first, const int32
     const long width = p->N - first < PANEL ? p->N - first : PANEL;
     const __mmask16 lanes = (__mmask16)((1u << width) - 1);
     const __m512 sw = _mm512_loadu_ps(p->sw + first);
-    const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(lanes, p->bias + first) : sw;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(lanes, p->bias + first) : zero;
     for (int j = 0; j < rows; j++) {
         const int32_t *s_hi = sums + j * PANEL, *s_lo = s_hi + ROWS * PANEL;
         __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s_hi)),

@@ -2,7 +2,9 @@
 the embedded model's heads (9 query heads on 3 KV heads, head_dim 64): in float32 rows
 (`attention.c`) and, where the CPU has AMX-BF16, on tiles (`attention_tiles.c`). Prompts run
 causally, a row a token; decode rows a token each. Random cache values (the time does not
-depend on them); blocks of 16, each sequence's scattered over the cache."""
+depend on them); blocks of 16, each sequence's scattered over the cache. As in a step, each
+layer reads its own cache: a pass goes over the model's depth in caches, so that a decode's
+keys and values come from memory, not from a cache the last call left warm."""
 
 from __future__ import annotations
 
@@ -45,25 +47,27 @@ def _inputs(
 
 
 def measure(repeats: int = 15) -> dict[str, dict[str, float]]:
-    """Per case, per path ("rows", and "tiles" where the CPU has them): ms (median)."""
+    """Per case, per path ("rows", and "tiles" where the CPU has them): ms a layer (median)."""
     paths = {"rows": False, **({"tiles": True} if cpu_native.amx_tiles() else {})}
+    depth = read_model_info(embedded_model_path()).num_layers
     generator = torch.Generator().manual_seed(0)
     report: dict[str, dict[str, float]] = {}
     for case, (sequences, tokens, prompt) in CASES.items():
-        inputs = _inputs(sequences, tokens, prompt, generator)
-        report[case] = {path: median_ms(_attention(*inputs, tiles), repeats)
+        query, k_cache, v_cache, plan = _inputs(sequences, tokens, prompt, generator)
+        caches = [(k_cache.clone(), v_cache.clone()) for _ in range(depth)]
+        report[case] = {path: median_ms(_step(query, caches, plan, tiles), repeats) / depth
                         for path, tiles in paths.items()}  # fmt: skip
     return report
 
 
-def _attention(
+def _step(
     query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
     plan: reference.DecodePlan,
     tiles: bool,
 ) -> Callable[[], object]:
     scale = query.shape[-1] ** -0.5
-    return lambda: native_attention.paged_decode_attention(
-        query, k_cache, v_cache, plan, scale, tiles=tiles
-    )
+    return lambda: [
+        native_attention.paged_decode_attention(query, k, v, plan, scale, tiles=tiles)
+        for k, v in caches
+    ]

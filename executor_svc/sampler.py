@@ -199,6 +199,19 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     logits.scatter_(-1, order, sorted_logits.masked_fill(cut, -float("inf")))
 
 
+def _draw(logits: torch.Tensor, batch: SamplingBatch, race: Race) -> torch.Tensor:
+    """The random rows' tokens, from their `logits` (not changed)."""
+    host, device = batch.host, batch.device
+    scaled = logits / device["temperature"].float()[:, None]
+    if host.min_p is not None:
+        probs = scaled.softmax(dim=-1)
+        floor = device["min_p"].float()[:, None] * probs.max(dim=-1, keepdim=True).values
+        scaled.masked_fill_(probs < floor, -float("inf"))
+    if host.filters:
+        _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
+    return race(scaled.softmax(dim=-1), device["seeds"])
+
+
 def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
@@ -212,18 +225,13 @@ def sample(
         mask_by_grammar(logits, device["grammar_rows"], device["grammar_mask"])
     if host.adjustments.arrays:
         adjust(logits, device)
-    tokens = argmax(logits)
-    if host.random_rows is not None:
-        rows = device["random_rows"]
-        scaled = logits[rows] / device["temperature"].float()[:, None]
-        if host.min_p is not None:
-            probs = scaled.softmax(dim=-1)
-            floor = device["min_p"].float()[:, None] * probs.max(dim=-1, keepdim=True).values
-            scaled.masked_fill_(probs < floor, -float("inf"))
-        if host.filters:
-            _filter_top_k_top_p(scaled, device["top_k"], device["top_p"].float())
-        probs = scaled.softmax(dim=-1)
-        tokens[rows] = race(probs, device["seeds"])
+    if host.random_rows is None:
+        tokens = argmax(logits)
+    elif len(host.random_rows) == len(logits):  # no greedy row: no pass to find the largest
+        tokens = _draw(logits, batch, race)
+    else:
+        tokens = argmax(logits)
+        tokens[device["random_rows"]] = _draw(logits[device["random_rows"]], batch, race)
     if raw is None:
         return Sampled(tokens, None, [])
     rows = device["logprob_rows"]

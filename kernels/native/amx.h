@@ -12,6 +12,14 @@ typedef struct {
 
 int amx_ready(void);
 
+/* gcc's _tile_loadd does not tell the compiler that it reads memory, so stores into a buffer
+ * only tiles read (a chunk's weights, a row's codes) could be dropped as dead: this does. */
+#define TILE_LOAD(tile, base, stride)                                                          \
+    do {                                                                                       \
+        __asm__ volatile("" : : : "memory");                                                   \
+        _tile_loadd(tile, base, stride);                                                       \
+    } while (0)
+
 /* On the calling thread: all eight tiles 16 rows x 64 bytes. */
 __attribute__((target("amx-tile"))) static inline void configure_tiles(void) {
     TileConfig config = {.palette = 1};

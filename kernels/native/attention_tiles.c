@@ -3,9 +3,10 @@
  *
  * Scores are computed transposed, keys x rows, so that the keys are A tiles read from the cache
  * in place (16 tokens of a block, a row of the tile each) and a row's softmax runs down a
- * column, 16 rows a register; the values are packed once a call (attention_tiles.h). Two passes
- * over a tile's keys: the rows' largest scores, then exp and P.V summed in the output tiles, so
- * nothing is rescaled and the output leaves the tiles once. A tile's rows never mix, chunks
+ * column, 16 rows a register. Two passes over a tile's keys: the rows' largest scores, then exp
+ * and P.V summed in the output tiles, so nothing is rescaled and the output leaves the tiles
+ * once; there the weights, transposed to rows x keys, are A tiles and the values, packed once a
+ * call with two keys interleaved (attention_tiles.h), B tiles. A tile's rows never mix, chunks
  * start at multiples of 32 tokens and a row's masked keys add exact zeros, so a row's bits are
  * the same whichever rows share its tile and whichever step it is in: a decode row gets the
  * bits it would get in a prompt. Figures: docs/benchmarks.md. */
@@ -17,7 +18,10 @@
 #include "amx.h"
 #include "attention_tiles.h"
 
-/* Tiles 0-3: the output's 64 dims of a pass; 4-5: a chunk's scores; 6: A; 7: B. */
+/* Tiles are not renamed: a load into a tile waits for the product before that reads it. So
+ * while scoring, tiles 0-3 hold the queries' slices, 4-5 a chunk's scores and the keys alternate
+ * between 6 and 7; while weighing, 0-3 sum the output's 64 dims of a pass, 16 each, the weights
+ * alternate between 6 and 7 and the values between 4 and 5. */
 
 /* Linux lends a process the tiles' state only once it asks (ARCH_REQ_XCOMP_PERM for
  * XFEATURE_XTILEDATA); 1 when granted. */
@@ -45,17 +49,17 @@ AMX static void score_chunk(const Tiles *a, const Group *g, long h, const Rows *
                             float *s) {
     const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
     const long stride = a->kv_heads * dim * 2;
+    const long slices = dim / 32;
     _tile_zero(4);
     _tile_zero(5);
     for (long half = 0; half < 2; half++) {
         const long t = c * CHUNK + 16 * half;
         if (t + 16 <= r->lo || t >= r->hi) continue;
         const uint16_t *keys = a->k_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim;
-        for (long i = 0; i < dim / 32; i++) {
-            _tile_loadd(6, keys + 32 * i, stride);
-            _tile_loadd(7, r->queries + 256 * i, 64);
-            if (half) _tile_dpbf16ps(5, 6, 7);
-            else _tile_dpbf16ps(4, 6, 7);
+        for (long i = 0; i < slices; i++) {
+            if (slices > QUERY_TILES) load_tile(i % QUERY_TILES, r->queries + 256 * i, 64);
+            load_tile(6 + i % 2, keys + 32 * i, stride);
+            dot_tiles(4 + half, 6 + i % 2, i % QUERY_TILES);
         }
     }
     _tile_stored(4, s, 64);
@@ -111,6 +115,8 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
                          uint16_t *local, float *scores, float *out) {
     Rows r;
     tile_rows(a, q, g, h, first, &r);
+    for (long i = 0; i < a->dim / 32 && a->dim / 32 <= QUERY_TILES; i++)
+        load_tile(i, r.queries + 256 * i, 64);
     float o[DIMS_A_PASS * TILE] __attribute__((aligned(64)));
     uint32_t weights[CHUNK / 2 * TILE] __attribute__((aligned(64)));
     const __m512i interleave = INTERLEAVE;
@@ -126,12 +132,11 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
     const __m512 scale = _mm512_set1_ps(a->scale);
     for (long pass = 0; pass < a->dim; pass += DIMS_A_PASS) {
         __m512 sum = _mm512_setzero_ps();
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (long c = from; c < to; c++) {
+        const long groups = (a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS) / 16;
+        for (long i = 0; i < groups; i++) zero_tile(i);
+        for (long c = from, turn = 0; c < to; c++) {
             const float *s = scores + (c - from) * CHUNK * TILE;
+            __m512i pairs[CHUNK / 2]; /* [key pair][row], then [row][key pair] */
             for (long k = 0; k < CHUNK / 2; k++) {
                 __m512 p[2];
                 for (long e = 0; e < 2; e++) {
@@ -141,32 +146,26 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
                     sum = _mm512_add_ps(sum, p[e]);
                 }
                 const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
-                _mm512_store_si512(weights + 16 * k, _mm512_permutexvar_epi16(interleave, both));
+                pairs[k] = _mm512_permutexvar_epi16(interleave, both);
             }
+            transpose16(pairs);
+            for (long k = 0; k < CHUNK / 2; k++) _mm512_store_si512(weights + 16 * k, pairs[k]);
             const uint16_t *v = packed_at(a, g, h, c, local) + pass * CHUNK;
-            const long groups = (a->dim - pass) / 16;
-            _tile_loadd(7, weights, 64);
-            _tile_loadd(6, v, 64);
-            _tile_dpbf16ps(0, 6, 7);
-            _tile_loadd(6, v + 512, 64);
-            _tile_dpbf16ps(1, 6, 7);
-            if (groups > 2) {
-                _tile_loadd(6, v + 1024, 64);
-                _tile_dpbf16ps(2, 6, 7);
-                _tile_loadd(6, v + 1536, 64);
-                _tile_dpbf16ps(3, 6, 7);
+            load_tile(6 + c % 2, weights, 64);
+            for (long i = 0; i < groups; i++, turn++) {
+                load_tile(4 + turn % 2, v + 512 * i, 64);
+                dot_tiles(i, 6 + c % 2, 4 + turn % 2);
             }
         }
-        _tile_stored(0, o, 64);
-        _tile_stored(1, o + 256, 64);
-        _tile_stored(2, o + 512, 64);
-        _tile_stored(3, o + 768, 64);
+        for (long i = 0; i < groups; i++) store_tile(i, o + 256 * i);
         float total[TILE];
         _mm512_storeu_ps(total, sum);
-        const long width = a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS;
         for (long m = 0; m < r.rows; m++) {
             float *to_row = out + (r.row[m] * a->heads + r.head[m]) * a->dim + pass;
-            for (long d = 0; d < width; d++) to_row[d] = o[d * TILE + m] / total[m];
+            for (long i = 0; i < groups; i++)
+                _mm512_storeu_ps(to_row + 16 * i,
+                                 _mm512_div_ps(_mm512_load_ps(o + 256 * i + 16 * m),
+                                               _mm512_set1_ps(total[m])));
         }
     }
 }

@@ -1,10 +1,11 @@
 /* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), a
- * bfloat16 cache's values packed for them as A tiles of P.V's transpose (and the 16 x 16
- * transposes that takes), exp in 512-bit registers. */
+ * bfloat16 cache's values packed for them as B tiles of P.V (two keys interleaved), the 16 x 16
+ * transpose that puts a chunk's weights in A tiles, exp in 512-bit registers. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
+#include "amx.h"
 #include "simd.h"
 
 #define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512vl,avx512bf16")))
@@ -110,8 +111,8 @@ AMX static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* Chunk c of group g's values of KV head h, transposed into A tiles of P.V's transpose,
- * [16-dim group][dim][key pair][2], zeros for tokens outside the group's. */
+/* Chunk c of group g's values of KV head h as B tiles of P.V, [16-dim group][key pair][dim][2]:
+ * two keys' values interleaved, zeros for tokens outside the group's. */
 AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint16_t *local) {
     const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
     const uint16_t *value[CHUNK];
@@ -120,20 +121,53 @@ AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint
                        ? a->v_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim
                        : NULL;
     __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
-    for (long group = 0; group < dim / 16; group++) {
-        __m512i r[16]; /* [key pair][dim] as pairs */
-        for (long k = 0; k < 16; k++) {
-            __m256i v[2];
-            for (long e = 0; e < 2; e++)
-                v[e] = value[2 * k + e] ? _mm256_loadu_si256((const __m256i *)(value[2 * k + e] +
-                                                                               16 * group))
-                                        : _mm256_setzero_si256();
-            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
-            r[k] = _mm512_permutexvar_epi16(INTERLEAVE, both);
+    const __m512i interleave = INTERLEAVE;
+    for (long k = 0; k < CHUNK / 2; k++) {
+        const uint16_t *first = value[2 * k], *second = value[2 * k + 1];
+        for (long group = 0; group < dim / 16; group++) {
+            const __m256i x = first ? _mm256_loadu_si256((const __m256i *)(first + 16 * group))
+                                    : _mm256_setzero_si256();
+            const __m256i y = second ? _mm256_loadu_si256((const __m256i *)(second + 16 * group))
+                                     : _mm256_setzero_si256();
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
+            _mm512_store_si512(to + group * 16 + k, _mm512_permutexvar_epi16(interleave, both));
         }
-        transpose16(r);
-        for (long d = 0; d < 16; d++) _mm512_store_si512(to + group * 16 + d, r[d]);
     }
+}
+
+/* Tiles are named by immediates: these take their numbers at run time. */
+enum { QUERY_TILES = 4 }; /* the queries' 32-dim slices that stay in tiles while scoring */
+#define TILE_CASE(n, op) \
+    case n: op(n); break;
+#define EACH_TILE(i, op) \
+    switch (i) { TILE_CASE(0, op) TILE_CASE(1, op) TILE_CASE(2, op) TILE_CASE(3, op) \
+                 TILE_CASE(4, op) TILE_CASE(5, op) TILE_CASE(6, op) TILE_CASE(7, op) }
+
+AMX static inline void load_tile(long i, const void *from, long stride) {
+#define LOAD(n) TILE_LOAD(n, from, stride)
+    EACH_TILE(i, LOAD)
+#undef LOAD
+}
+
+AMX static inline void store_tile(long i, float *to) {
+#define STORE(n) _tile_stored(n, to, 64)
+    EACH_TILE(i, STORE)
+#undef STORE
+}
+
+AMX static inline void zero_tile(long i) { EACH_TILE(i, _tile_zero) }
+
+/* Tile c += tile a . tile b, for the triples the scores and P.V use. */
+AMX static inline void dot_tiles(long c, long a, long b) {
+#define DOT(c, a, b) \
+    case c * 64 + a * 8 + b: _tile_dpbf16ps(c, a, b); break;
+    switch (c * 64 + a * 8 + b) {
+        DOT(4, 6, 0) DOT(4, 7, 1) DOT(4, 6, 2) DOT(4, 7, 3) DOT(5, 6, 0) DOT(5, 7, 1) DOT(5, 6, 2)
+        DOT(5, 7, 3) DOT(0, 6, 4) DOT(1, 6, 5) DOT(2, 6, 4) DOT(3, 6, 5) DOT(0, 6, 5) DOT(1, 6, 4)
+        DOT(2, 6, 5) DOT(3, 6, 4) DOT(0, 7, 4) DOT(1, 7, 5) DOT(2, 7, 4) DOT(3, 7, 5) DOT(0, 7, 5)
+        DOT(1, 7, 4) DOT(2, 7, 5) DOT(3, 7, 4)
+    }
+#undef DOT
 }
 
 /* e^x for x <= 0, simd.h's in 512-bit registers. */

@@ -105,14 +105,14 @@ static void run_rows(const Product *p, long row, long panel, int two, int32_t *s
     _tile_zero(3);
     /* Each load waits only on products issued a while before: tiles are not renamed. */
     for (long q = 0; q < p->quads; q++) {
-        _tile_loadd(4, hi + q * QUAD_BYTES, k);
-        _tile_loadd(6, b0 + q * TILE_BYTES, 64);
+        TILE_LOAD(4, hi + q * QUAD_BYTES, k);
+        TILE_LOAD(6, b0 + q * TILE_BYTES, 64);
         _tile_dpbssd(0, 4, 6);
         if (two) {
-            _tile_loadd(7, b1 + q * TILE_BYTES, 64);
+            TILE_LOAD(7, b1 + q * TILE_BYTES, 64);
             _tile_dpbssd(2, 4, 7);
         }
-        _tile_loadd(5, lo + q * QUAD_BYTES, k);
+        TILE_LOAD(5, lo + q * QUAD_BYTES, k);
         _tile_dpbusd(1, 5, 6);
         if (two) _tile_dpbusd(3, 5, 7);
     }

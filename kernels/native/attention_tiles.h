@@ -86,6 +86,12 @@ static inline uint16_t *packed_at(const Tiles *a, const Group *g, long h, long c
                       0x170007, 0x180008, 0x190009, 0x1a000a, 0x1b000b, 0x1c000c, 0x1d000d,   \
                       0x1e000e, 0x1f000f)
 
+/* Lanes (a[i], b[i]) for i < 16 of two registers' 32 16-bit lanes, through vpermt2w (add 16 for
+ * their high halves). */
+#define LOW_HALVES                                                                             \
+    _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, \
+                     37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0)
+
 /* r[j] becomes column j of the 16 x 16 matrix of 32-bit values whose rows are r[0..16). */
 AMX static inline void transpose16(__m512i r[16]) {
     __m512i t[16], u[16];
@@ -121,16 +127,14 @@ AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint
                        ? a->v_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim
                        : NULL;
     __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
-    const __m512i interleave = INTERLEAVE;
+    const __m512i low = LOW_HALVES, high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     for (long k = 0; k < CHUNK / 2; k++) {
         const uint16_t *first = value[2 * k], *second = value[2 * k + 1];
-        for (long group = 0; group < dim / 16; group++) {
-            const __m256i x = first ? _mm256_loadu_si256((const __m256i *)(first + 16 * group))
-                                    : _mm256_setzero_si256();
-            const __m256i y = second ? _mm256_loadu_si256((const __m256i *)(second + 16 * group))
-                                     : _mm256_setzero_si256();
-            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
-            _mm512_store_si512(to + group * 16 + k, _mm512_permutexvar_epi16(interleave, both));
+        for (long slice = 0; slice < dim / 32; slice++) { /* 32 dims: 16-dim groups 2s, 2s + 1 */
+            const __m512i x = first ? _mm512_loadu_si512(first + 32 * slice) : _mm512_setzero_si512();
+            const __m512i y = second ? _mm512_loadu_si512(second + 32 * slice) : _mm512_setzero_si512();
+            _mm512_store_si512(to + 32 * slice + k, _mm512_permutex2var_epi16(x, low, y));
+            _mm512_store_si512(to + 32 * slice + 16 + k, _mm512_permutex2var_epi16(x, high, y));
         }
     }
 }

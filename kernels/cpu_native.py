@@ -91,7 +91,13 @@ _SIGNATURES = {
     "race_rows": [_PTR, _LONG, _LONG, _PTR, _PTR],
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
+    "gated_int8_tiles": [_PTR] * 4 + [_LONG] * 3,
+    "silu_and_multiply": [_PTR, _PTR, _LONG, _LONG],
 }
+# What the functions that do not answer a status (0, or -1 where they could not allocate) answer.
+_VOID = ("linear_f32", "linear_bf16", "round_to_half", "argmax_rows", "race_rows",
+         "silu_and_multiply")  # fmt: skip
+_RESULTS = dict.fromkeys(_VOID) | {"decode_layer_scratch": _LONG}
 # The quantized product's tiles, as simd.h numbers them: 256-bit without VNNI, 256-bit
 # VNNI (AVX-VNNI, or AVX512-VL's encoding of it), 512-bit VNNI.
 ISAS = ("avx2", "avx_vnni", "avx512_vnni")
@@ -147,11 +153,8 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
-    lib.decode_layer_scratch.restype = _LONG
-    lib.decode_layer.restype = ctypes.c_int
-    for name in ("linear_f32", "linear_bf16", "round_to_half", "argmax_rows", "race_rows"):
-        getattr(lib, name).restype = None
-    lib.linear_quantized.restype = lib.linear_weight.restype = lib.amx_ready.restype = ctypes.c_int
+    for name in _SIGNATURES:
+        getattr(lib, name).restype = _RESULTS.get(name, ctypes.c_int)
     return lib
 
 

@@ -77,6 +77,28 @@ def test_a_row_of_the_tiles_product_does_not_depend_on_its_batch() -> None:
         assert torch.equal(TiledProjection(tiles, None)(x[row : row + 1])[0], together[row])
 
 
+@amx
+def test_silu_in_gate_ups_finish_gives_the_bits_of_the_product_then_silu() -> None:
+    """decode_layer's gate-up on the tiles takes silu(gate) * up in the product's finish (gate
+    and up never leave it): the bits of the whole product, then its silu_and_multiply."""
+    lib = cpu_native.library()
+    assert lib is not None
+    generator = torch.Generator().manual_seed(3)
+    n, inputs = 48, 80  # three panels each; a partial quad
+    tiles = Int8Tiles.from_values(torch.randn(2 * n, inputs, generator=generator) * 0.05)
+    for rows in (0, 1, 17, 300):
+        x = torch.randn(rows, inputs, generator=generator)
+        x[:, 3] *= 50
+        gate_up = TiledProjection(tiles, None)(x)
+        expected, got = torch.full((rows, n), torch.nan), torch.full((rows, n), torch.nan)
+        lib.silu_and_multiply(gate_up.data_ptr(), expected.data_ptr(), rows, n)
+        weight = (tiles.tiles.data_ptr(), tiles.scales.data_ptr())
+        failed = lib.gated_int8_tiles(x.data_ptr(), *weight, got.data_ptr(), rows, n, inputs)
+        assert failed == 0 and torch.equal(got, expected)
+        gate, up = gate_up.split(n, dim=1)
+        torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up)
+
+
 def test_int8_keeps_trained_weights_not_blocks_of_scales_far_apart() -> None:
     """The embedded model's Q4_1 layer loses ~1% a block; random K-quant blocks, whose scales
     along a feature span orders of magnitude, lose most of their small blocks: kept as blocks."""

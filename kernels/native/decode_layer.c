@@ -16,6 +16,8 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
                      const float *residual, long M, long N, long K, long ldy, int bits, int isa);
 int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y,
                       const float *bias, const float *residual, long M, long N, long K, long ldy);
+int gated_int8_tiles(const float *x, const int8_t *w, const float *sw, float *act, long M,
+                     long n, long K);
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
@@ -142,22 +144,14 @@ static void rotate_and_cache(const Step *s, float *projected, const float *qk_no
     }
 }
 
-/* act = silu(gate) * up, where each row of gate_up is [gate | up]; n a multiple of 8.
- * sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0, else e / (1 + e). */
-static void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+/* act = silu(gate) * up, where each row of gate_up is [gate | up]; n a multiple of 8. */
+void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
 #pragma omp parallel for if (rows >= 8)
     for (long r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * n, *up = gate + n;
-        for (long i = 0; i < n; i += 8) {
-            __m256 g = _mm256_loadu_ps(gate + i);
-            __m256 e = exp_negative(_mm256_or_ps(g, sign));
-            __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
-            __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
-            __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);
+        for (long i = 0; i < n; i += 8)
             _mm256_storeu_ps(act + r * n + i,
-                             _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
-        }
+                             silu_times(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
     }
 }
 
@@ -180,8 +174,14 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
-    if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa))
-        return -1;
-    silu_and_multiply(gu, act, rows, s->intermediate);
+    if (gate_up->scales && s->intermediate % 16 == 0) { /* SiLU in the product's finish */
+        if (gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, s->intermediate,
+                             s->hidden))
+            return -1;
+    } else {
+        if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa))
+            return -1;
+        silu_and_multiply(gu, act, rows, s->intermediate);
+    }
     return linear_weight(act, down, hidden, NULL, hidden, rows, s->hidden, s->intermediate, isa);
 }

@@ -69,10 +69,20 @@ typedef struct {
     float *y;
     const float *bias, *residual;
     long M, N, quads, ldy;
+    long gated; /* y = silu(gate) * up of panels t and t + gated; 0: a plain product */
 } Product;
 
-/* Sums (tiles: [S_hi, S_lo] of a panel) to y for `rows` rows of 16 features, with the bias
- * and then the residual added as store_rows adds them. */
+/* Row j's 16 values of a panel from its sums (tiles: [S_hi, S_lo]), before bias and residual. */
+static inline __m512 value(const Product *p, long row, int j, const int32_t *sums, __m512 sw) {
+    const int32_t *s_hi = sums + j * PANEL, *s_lo = s_hi + ROWS * PANEL;
+    const __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s_hi)),
+                                         _mm512_set1_ps(256.0f),
+                                         _mm512_cvtepi32_ps(_mm512_load_si512(s_lo)));
+    return _mm512_mul_ps(total, _mm512_mul_ps(_mm512_set1_ps(p->sx[row + j]), sw));
+}
+
+/* Sums of a panel to y for `rows` rows of 16 features, with the bias and then the residual
+ * added as store_rows adds them. */
 static void finish(const Product *p, long row, int rows, long first, const int32_t *sums) {
     const long width = p->N - first < PANEL ? p->N - first : PANEL;
     const __mmask16 lanes = (__mmask16)((1u << width) - 1);
@@ -80,11 +90,7 @@ static void finish(const Product *p, long row, int rows, long first, const int32
     const __m512 zero = _mm512_setzero_ps();
     const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(lanes, p->bias + first) : zero;
     for (int j = 0; j < rows; j++) {
-        const int32_t *s_hi = sums + j * PANEL, *s_lo = s_hi + ROWS * PANEL;
-        __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s_hi)),
-                                       _mm512_set1_ps(256.0f),
-                                       _mm512_cvtepi32_ps(_mm512_load_si512(s_lo)));
-        __m512 v = _mm512_mul_ps(total, _mm512_mul_ps(_mm512_set1_ps(p->sx[row + j]), sw));
+        __m512 v = value(p, row, j, sums, sw);
         if (p->bias) v = _mm512_add_ps(v, bias);
         const long at = (row + j) * p->ldy + first;
         if (p->residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, p->residual + at));
@@ -92,13 +98,29 @@ static void finish(const Product *p, long row, int rows, long first, const int32
     }
 }
 
-/* Rows [row, row + 16) against panel `panel` and the next (where `two`): tiles 0-1 the first
- * panel's S_hi and S_lo, 2-3 the second's; 4-5 A (hi, lo); 6-7 B. */
-static void run_rows(const Product *p, long row, long panel, int two, int32_t *sums) {
+/* silu(gate) * up for `rows` rows of 16 features, gate's sums then up's: the values and
+ * decode_layer.c's silu_and_multiply in the same arithmetic, so the same bits. */
+static void finish_gated(const Product *p, long row, int rows, long first, const int32_t *sums) {
+    const __m512 sw_gate = _mm512_loadu_ps(p->sw + first);
+    const __m512 sw_up = _mm512_loadu_ps(p->sw + first + p->gated * PANEL);
+    for (int j = 0; j < rows; j++) {
+        const __m512 gate = value(p, row, j, sums, sw_gate);
+        const __m512 up = value(p, row, j, sums + 2 * ROWS * PANEL, sw_up);
+        float *to = p->y + (row + j) * p->ldy + first;
+        _mm256_storeu_ps(to, silu_times(_mm512_castps512_ps256(gate), _mm512_castps512_ps256(up)));
+        _mm256_storeu_ps(to + 8, silu_times(_mm512_extractf32x8_ps(gate, 1),
+                                            _mm512_extractf32x8_ps(up, 1)));
+    }
+}
+
+/* Rows [row, row + 16) against panel `panel` and panel `second` (where `two`): tiles 0-1 the
+ * first panel's S_hi and S_lo, 2-3 the second's; 4-5 A (hi, lo); 6-7 B. */
+static void run_rows(const Product *p, long row, long panel, long second, int two,
+                     int32_t *sums) {
     const long k = p->quads * QUAD_BYTES;
     const int8_t *hi = p->hi + row * k, *b0 = p->w + panel * p->quads * TILE_BYTES;
     const uint8_t *lo = p->lo + row * k;
-    const int8_t *b1 = b0 + p->quads * TILE_BYTES;
+    const int8_t *b1 = p->w + second * p->quads * TILE_BYTES;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -121,16 +143,15 @@ static void run_rows(const Product *p, long row, long panel, int two, int32_t *s
     _tile_stored(2, sums + 512, 64);
     _tile_stored(3, sums + 768, 64);
     const int rows = p->M - row < ROWS ? (int)(p->M - row) : ROWS;
+    if (p->gated) return finish_gated(p, row, rows, panel * PANEL, sums);
     finish(p, row, rows, panel * PANEL, sums);
-    if (two) finish(p, row, rows, (panel + 1) * PANEL, sums + 512);
+    if (two) finish(p, row, rows, second * PANEL, sums + 512);
 }
 
-/* y = x @ W.T (+ bias) (+ residual), rows of y `ldy` apart; -1 where a buffer cannot be
- * allocated. */
-int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y,
-                      const float *bias, const float *residual, long M, long N, long K, long ldy) {
-    if (M == 0) return 0; /* (a step's logits for no row) */
-    const long quads = (K + QUAD_BYTES - 1) / QUAD_BYTES, padded_k = quads * QUAD_BYTES;
+/* The product's rows quantized, then its tasks (blocks of rows x pairs of panels) shared by the
+ * threads: pairs of adjacent panels, or, gated, gate panel t with up panel t + gated. */
+static int run(const float *x, Product p, long K) {
+    const long quads = p.quads, padded_k = quads * QUAD_BYTES, M = p.M;
     const long padded = (M + ROWS - 1) / ROWS * ROWS;
     int8_t *codes = codes_buffer(2 * padded * padded_k + sizeof(float) * padded);
     if (!codes) return -1;
@@ -140,8 +161,9 @@ int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y
     memset(hi + M * padded_k, 0, (padded - M) * padded_k);
     memset(lo + M * padded_k, 0, (padded - M) * padded_k);
     quantize_rows(x, M, K, padded_k, hi, lo, sx);
-    const Product p = {hi, lo, sx, w, sw, y, bias, residual, M, N, quads, ldy};
-    const long panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
+    p.hi = hi, p.lo = lo, p.sx = sx;
+    const long panels = (p.N + PANEL - 1) / PANEL;
+    const long pairs = p.gated ? p.gated : (panels + 1) / 2;
     /* Blocks of rows of equal size (a statically shared rest would idle the other threads). */
     const long most = A_BLOCK_BYTES / (2 * padded_k) / ROWS * ROWS;
     const long row_blocks = most < ROWS ? padded / ROWS : (padded + most - 1) / most;
@@ -154,12 +176,33 @@ int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y
         configure_tiles();
 #pragma omp for schedule(static)
         for (long t = 0; t < row_blocks * pairs; t++) {
-            const long panel = 2 * (t % pairs), first = t / pairs * block_rows;
+            const long pair = t % pairs, first = t / pairs * block_rows;
+            const long panel = p.gated ? pair : 2 * pair;
+            const long second = p.gated ? pair + p.gated : panel + 1;
             for (long row = first; !failed && row < first + block_rows && row < M; row += ROWS)
-                run_rows(&p, row, panel, panel + 1 < panels, sums);
+                run_rows(&p, row, panel, second, second < panels, sums);
         }
         _tile_release();
         free(sums);
     }
     return failed ? -1 : 0;
+}
+
+/* y = x @ W.T (+ bias) (+ residual), rows of y `ldy` apart; -1 where a buffer cannot be
+ * allocated. */
+int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y,
+                      const float *bias, const float *residual, long M, long N, long K, long ldy) {
+    if (M == 0) return 0; /* (a step's logits for no row) */
+    const long quads = (K + QUAD_BYTES - 1) / QUAD_BYTES;
+    return run(x, (Product){NULL, NULL, NULL, w, sw, y, bias, residual, M, N, quads, ldy, 0}, K);
+}
+
+/* act = silu(gate) * up for W = [gate | up], each n features (n a multiple of 16), act's rows
+ * n apart: SiLU in the product's finish, so gate and up never leave it. -1 as above. */
+int gated_int8_tiles(const float *x, const int8_t *w, const float *sw, float *act, long M,
+                     long n, long K) {
+    if (M == 0) return 0;
+    const long quads = (K + QUAD_BYTES - 1) / QUAD_BYTES;
+    const Product p = {NULL, NULL, NULL, w, sw, act, NULL, NULL, M, 2 * n, quads, n, n / PANEL};
+    return run(x, p, K);
 }

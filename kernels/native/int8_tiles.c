@@ -4,7 +4,8 @@
  * with one scale, q = 256 hi + lo (hi signed, lo unsigned bytes), so a row's product is two
  * integer sums over all of K that stay in the tiles: y = (256 S_hi + S_lo) (sx sw) in float.
  * (GGUF's scales per 32 inputs take the sums out of the tiles every block, which did not pay:
- * docs/benchmarks.md.) A row's arithmetic is its own, so its bits do not depend on its batch. */
+ * docs/benchmarks.md.) A row's arithmetic is its own, so its bits do not depend on its batch.
+ * A gate-up product can end in silu(gate) * up (`gated_int8_tiles`), gate and up never stored. */
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma")
 #include <immintrin.h>
 #include <math.h>

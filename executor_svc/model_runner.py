@@ -20,7 +20,6 @@ from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep, StepInFlight
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
-from turnstile.kernels import cpu_native
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import (
     BatchPlan,
@@ -90,7 +89,7 @@ class ModelRunner:
             "model ready in %.1f s on the %s backend%s, %d KV blocks",
             self.load_seconds,
             self.backend.name,
-            f" ({cpu_native.best_isa()}), its GGUF blocks kept" if self.quantized else "",
+            ", GGUF weights kept quantized" if self.quantized else "",
             self.num_blocks,
         )
 

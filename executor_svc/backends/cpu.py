@@ -139,6 +139,9 @@ class CpuNativeBackend(Backend):
             )
         projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
         self._quantized = any(isinstance(p, QUANTIZED) for p in projections)
+        if self._quantized:  # which products they take: the tiles' int8 or the file's blocks
+            log.info("quantized projections on %s", "AMX-INT8 tiles" if self.product_tiles
+                     else f"their GGUF blocks ({cpu_native.best_isa()})")  # fmt: skip
         if self.kept_blocks:
             log.warning("%d quantized weights kept their GGUF blocks: int8 a feature would lose "
                         "their small blocks (Int8Tiles.faithful)", self.kept_blocks)  # fmt: skip

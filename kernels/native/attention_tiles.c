@@ -10,6 +10,8 @@
  * start at multiples of 32 tokens and a row's masked keys add exact zeros, so a row's bits are
  * the same whichever rows share its tile and whichever step it is in: a decode row gets the
  * bits it would get in a prompt. Figures: docs/benchmarks.md. */
+/* syscall() is declared only beyond strict C11. */
+#define _GNU_SOURCE
 #include <omp.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -109,10 +111,18 @@ AMX static void tile_rows(const Tiles *a, const float *q, const Group *g, long h
     }
 }
 
+/* A thread's buffers: a chunk's scores for each chunk of a group (the second pass reads them
+ * again), the packed values of a group its task packs, and the next group's lines to ask for. */
+typedef struct {
+    float *scores;
+    uint16_t *local;
+    Ahead ahead;
+} Scratch;
+
 /* One tile of a group's rows against its KV head h; `scores` holds a chunk's for each chunk
  * of the group (the second pass reads them again). */
 AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h, long first,
-                         uint16_t *local, float *scores, float *out) {
+                         Scratch *mine, float *out) {
     Rows r;
     tile_rows(a, q, g, h, first, &r);
     for (long i = 0; i < a->dim / 32 && a->dim / 32 <= QUERY_TILES; i++)
@@ -123,7 +133,8 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
     const long from = r.lo / CHUNK, to = (r.hi + CHUNK - 1) / CHUNK;
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (long c = from; c < to; c++) {
-        float *s = scores + (c - from) * CHUNK * TILE;
+        float *s = mine->scores + (c - from) * CHUNK * TILE;
+        drip(&mine->ahead);
         score_chunk(a, g, h, &r, c, s);
         for (long j = 0; j < CHUNK; j++)
             top = _mm512_mask_max_ps(top, seeing(&r, c * CHUNK + j), top,
@@ -135,7 +146,8 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
         const long groups = (a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS) / 16;
         for (long i = 0; i < groups; i++) zero_tile(i);
         for (long c = from, turn = 0; c < to; c++) {
-            const float *s = scores + (c - from) * CHUNK * TILE;
+            const float *s = mine->scores + (c - from) * CHUNK * TILE;
+            drip(&mine->ahead);
             __m512i pairs[CHUNK / 2]; /* [key pair][row], then [row][key pair] */
             for (long k = 0; k < CHUNK / 2; k++) {
                 __m512 p[2];
@@ -150,7 +162,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h,
             }
             transpose16(pairs);
             for (long k = 0; k < CHUNK / 2; k++) _mm512_store_si512(weights + 16 * k, pairs[k]);
-            const uint16_t *v = packed_at(a, g, h, c, local) + pass * CHUNK;
+            const uint16_t *v = packed_at(a, g, h, c, mine->local) + pass * CHUNK;
             load_tile(6 + c % 2, weights, 64);
             for (long i = 0; i < groups; i++, turn++) {
                 load_tile(4 + turn % 2, v + 512 * i, 64);
@@ -177,22 +189,18 @@ typedef struct {
     long group, head, first;
 } Task;
 
-/* A thread's buffers: a chunk's scores for each chunk of a group (the second pass reads them
- * again), and the packed values of a group its task packs. */
-typedef struct {
-    float *scores;
-    uint16_t *local;
-} Scratch;
-
 AMX static void run_task(const Tiles *a, const float *q, const Group *groups, Task task,
-                         Scratch s, float *out) {
+                         Scratch *mine, float *out) {
     const Group *g = &groups[task.group];
-    if (g->packed >= 0) return run_tile(a, q, g, task.head, task.first, NULL, s.scores, out);
+    if (g->packed >= 0) return run_tile(a, q, g, task.head, task.first, mine, out);
     const long first = task.head < 0 ? 0 : task.head;
     const long last = task.head < 0 ? a->kv_heads : first + 1;
     for (long h = first; h < last; h++) {
-        for (long c = g->chunk; c < g->chunk + g->chunks; c++) pack_values(a, g, h, c, s.local);
-        run_tile(a, q, g, h, 0, s.local, s.scores, out);
+        for (long c = g->chunk; c < g->chunk + g->chunks; c++) {
+            drip(&mine->ahead);
+            pack_values(a, g, h, c, mine->local);
+        }
+        run_tile(a, q, g, h, 0, mine, out);
     }
 }
 
@@ -248,18 +256,23 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
         }
         configure_tiles();
         Scratch mine = {aligned_alloc(64, sizeof(float) * most * CHUNK * TILE),
-                        aligned_alloc(64, sizeof(uint16_t) * most * chunk_size)};
+                        aligned_alloc(64, sizeof(uint16_t) * most * chunk_size), NOTHING_AHEAD};
         if (mine.scores == NULL || mine.local == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1) nowait
         for (long i = 0; i < big; i++)
-            if (!failed) run_task(&a, q, groups, task[i], mine, out);
-        /* Each thread's next group is known: its blocks are asked for a task ahead. */
-        const long threads = omp_get_num_threads(), me = omp_get_thread_num();
-        if (big + me < tasks) prefetch(&a, &groups[task[big + me].group]);
+            if (!failed) run_task(&a, q, groups, task[i], &mine, out);
+        /* A thread's next group is known: its blocks are asked for through the task before it,
+         * unless that task is of the same group (a row split by KV heads: in L2 already). A
+         * thread's first group is not asked for ahead: all at once, it was slower. */
+        const long threads = omp_get_num_threads();
 #pragma omp for schedule(static, 1)
         for (long i = big; i < tasks; i++) {
-            if (i + threads < tasks) prefetch(&a, &groups[task[i + threads].group]);
-            if (!failed) run_task(&a, q, groups, task[i], mine, out);
+            const Task next = task[i + threads < tasks ? i + threads : i];
+            const long heads = task[i].head < 0 ? kv_heads : 1; /* the KV heads task i runs */
+            if (next.group != task[i].group) /* a drip as it packs, scores, weighs a chunk */
+                look_ahead(&mine.ahead, &a, &groups[next.group],
+                           3 * heads * groups[task[i].group].chunks);
+            if (!failed) run_task(&a, q, groups, task[i], &mine, out);
         }
         _tile_release();
         free(mine.scores);

@@ -59,16 +59,42 @@ static long group_rows(const Tiles *a, long rows, Group *groups) {
     return count;
 }
 
-/* Ask for group g's blocks, keys and values, into L2 at once, so that their misses overlap:
- * a row's blocks lie anywhere in the cache, so no hardware prefetcher guesses the next one. */
-static void prefetch(const Tiles *a, const Group *g) {
-    const long bs = a->block_size, bytes = bs * a->kv_heads * a->dim * 2;
-    const long *table = a->tables + g->lead * a->width;
-    for (long b = g->begin / bs; b * bs < g->end; b++)
-        for (long i = 0; i < bytes; i += 64) {
-            _mm_prefetch((const char *)(a->k_cache) + table[b] * bytes + i, _MM_HINT_T1);
-            _mm_prefetch((const char *)(a->v_cache) + table[b] * bytes + i, _MM_HINT_T1);
+/* A group's blocks, keys and values, asked for into L2 a few lines at a time while the thread
+ * computes the group before it: a row's blocks lie anywhere in the cache, so no hardware
+ * prefetcher guesses the next one, and asked for all at once they stall the thread until most
+ * have come (docs/benchmarks.md). */
+typedef struct {
+    const char *k_cache, *v_cache;
+    const long *table;
+    long block, last, line, lines, quota; /* next block and line; lines a block; lines a call */
+} Ahead;
+
+#define NOTHING_AHEAD ((Ahead){.block = 1, .last = 0})
+
+/* Group g's lines, spread over `calls` calls of `drip`. */
+static void look_ahead(Ahead *p, const Tiles *a, const Group *g, long calls) {
+    const long bs = a->block_size, lines = bs * a->kv_heads * a->dim * 2 / 64;
+    const long first = g->begin / bs, last = (g->end - 1) / bs;
+    *p = (Ahead){(const char *)a->k_cache, (const char *)a->v_cache,
+                 a->tables + g->lead * a->width, first, last, 0, lines,
+                 ((last - first + 1) * lines + calls - 1) / calls};
+}
+
+/* Ask for the next `quota` lines of keys and as many of values, a block's in step. It writes
+ * its place back: gcc takes a function that only prefetches for one without effects, and
+ * drops its calls (session 29's `prefetch` was never compiled in). */
+static void drip(Ahead *p) {
+    for (long left = p->quota; left > 0 && p->block <= p->last;) {
+        const long at = p->table[p->block] * p->lines * 64;
+        const long end = p->line + left < p->lines ? p->line + left : p->lines;
+        for (long line = p->line; line < end; line++) {
+            _mm_prefetch(p->k_cache + at + line * 64, _MM_HINT_T1);
+            _mm_prefetch(p->v_cache + at + line * 64, _MM_HINT_T1);
         }
+        left -= end - p->line;
+        p->line = end;
+        if (end == p->lines) p->line = 0, p->block++;
+    }
 }
 
 /* Where chunk c of group g's KV head h is packed: in `values`, or at `local` for a group of
@@ -131,8 +157,9 @@ AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint
     for (long k = 0; k < CHUNK / 2; k++) {
         const uint16_t *first = value[2 * k], *second = value[2 * k + 1];
         for (long slice = 0; slice < dim / 32; slice++) { /* 32 dims: 16-dim groups 2s, 2s + 1 */
-            const __m512i x = first ? _mm512_loadu_si512(first + 32 * slice) : _mm512_setzero_si512();
-            const __m512i y = second ? _mm512_loadu_si512(second + 32 * slice) : _mm512_setzero_si512();
+            const __m512i zero = _mm512_setzero_si512();
+            const __m512i x = first ? _mm512_loadu_si512(first + 32 * slice) : zero;
+            const __m512i y = second ? _mm512_loadu_si512(second + 32 * slice) : zero;
             _mm512_store_si512(to + 32 * slice + k, _mm512_permutex2var_epi16(x, low, y));
             _mm512_store_si512(to + 32 * slice + 16 + k, _mm512_permutex2var_epi16(x, high, y));
         }

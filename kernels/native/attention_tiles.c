@@ -49,15 +49,23 @@ typedef struct {
  * chunks no row sees are left out (their scores are masked). */
 AMX static void score_chunk(const Tiles *a, const Group *g, long h, const Rows *r, long c,
                             float *s) {
-    const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
+    const long dim = a->dim, *table = a->tables + g->lead * a->width;
     const long stride = a->kv_heads * dim * 2;
     const long slices = dim / 32;
+    /* The next chunk's keys into L1 while this one's are scored: a tile's 16 rows, 2 to 4 lines
+     * each a stride apart, have no hardware prefetcher ahead of them (docs/benchmarks.md). */
+    for (long t = (c + 1) * CHUNK; t < (c + 2) * CHUNK && t < r->hi; t += 16) {
+        const char *next = (const char *)head_at(a, a->k_cache, table, h, t);
+        for (long j = 0; j < 16 * stride; j += stride)
+            for (long line = 0; line < dim * 2; line += 64)
+                _mm_prefetch(next + j + line, _MM_HINT_T0);
+    }
     _tile_zero(4);
     _tile_zero(5);
     for (long half = 0; half < 2; half++) {
         const long t = c * CHUNK + 16 * half;
         if (t + 16 <= r->lo || t >= r->hi) continue;
-        const uint16_t *keys = a->k_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim;
+        const uint16_t *keys = head_at(a, a->k_cache, table, h, t);
         for (long i = 0; i < slices; i++) {
             if (slices > QUERY_TILES) load_tile(i % QUERY_TILES, r->queries + 256 * i, 64);
             load_tile(6 + i % 2, keys + 32 * i, stride);

@@ -143,15 +143,20 @@ AMX static inline void transpose16(__m512i r[16]) {
     }
 }
 
+/* Token t's KV head h in `cache`, through a row's block `table`. */
+static inline const uint16_t *head_at(const Tiles *a, const uint16_t *cache, const long *table,
+                                      long h, long t) {
+    const long bs = a->block_size;
+    return cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * a->dim;
+}
+
 /* Chunk c of group g's values of KV head h as B tiles of P.V, [16-dim group][key pair][dim][2]:
  * two keys' values interleaved, zeros for tokens outside the group's. */
 AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint16_t *local) {
-    const long dim = a->dim, bs = a->block_size, *table = a->tables + g->lead * a->width;
+    const long dim = a->dim, *table = a->tables + g->lead * a->width;
     const uint16_t *value[CHUNK];
     for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
-        value[j] = t >= g->begin && t < g->end
-                       ? a->v_cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * dim
-                       : NULL;
+        value[j] = t >= g->begin && t < g->end ? head_at(a, a->v_cache, table, h, t) : NULL;
     __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
     const __m512i low = LOW_HALVES, high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     for (long k = 0; k < CHUNK / 2; k++) {

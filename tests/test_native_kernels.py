@@ -1,5 +1,6 @@
 """The native CPU kernels (kernels/native/*.c) against torch: projections with float32 and
-bfloat16 weights, paged decode attention, and the fallbacks where they cannot run."""
+bfloat16 weights, paged decode attention, and the fallbacks where they cannot run. Their build:
+test_native_build.py."""
 
 from __future__ import annotations
 
@@ -20,12 +21,6 @@ from turnstile.executor_svc.step_layout import SHORT_PREFILL_TOKENS
 from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
 from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.settings import build
-
-
-def test_the_library_builds_on_this_machine() -> None:
-    """AVX2, FMA and gcc are here: the production path must be the native one, not a fallback."""
-    assert {"avx2", "fma"} <= cpu_native.cpu_flags()
-    assert cpu_native.library() is not None
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
@@ -250,17 +245,6 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
 
 
 @pytest.mark.slow
-def test_a_build_is_cached_by_source_digest(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))
-    first = cpu_native.build()
-    stamp = first.stat().st_mtime_ns
-    assert cpu_native.build() == first and first.stat().st_mtime_ns == stamp
-    monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-DTURNSTILE_TEST"])
-    assert cpu_native.build() != first
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "kv_cache_dtype"),

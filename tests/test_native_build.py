@@ -1,0 +1,61 @@
+"""The native CPU kernels' build (kernels/cpu_native.py): it happens here, is cached by the
+sources' digest, and keeps what the sources ask of the compiler."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from turnstile.kernels import cpu_native
+
+
+def test_the_library_builds_on_this_machine() -> None:
+    """AVX2, FMA and gcc are here: the production path must be the native one, not a fallback."""
+    assert {"avx2", "fma"} <= cpu_native.cpu_flags()
+    assert cpu_native.library() is not None
+
+
+def test_a_build_is_cached_by_source_digest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))
+    first = cpu_native.build()
+    stamp = first.stat().st_mtime_ns
+    assert cpu_native.build() == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-DTURNSTILE_TEST"])
+    assert cpu_native.build() != first
+
+
+def _text_with_headers(source: Path) -> str:
+    """A source's text and that of the local headers it includes, and theirs."""
+    text, seen, queue = "", set(), [source]
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        body = path.read_text()
+        text += body
+        queue += [path.parent / name for name in re.findall(r'#include "([^"]+)"', body)]
+    return text
+
+
+@pytest.mark.slow  # compiles the sources again, a few seconds
+def test_every_source_that_prefetches_still_does_once_compiled(tmp_path: Path) -> None:
+    """gcc takes a function that only prefetches for one without effects and drops its calls:
+    session 29's attention prefetch was never in the library (docs/benchmarks.md, session 30).
+    Each source that asks for lines ahead is compiled as the library is, and its object must
+    hold prefetch instructions."""
+    asking = [s for s in cpu_native.SOURCES if "_mm_prefetch" in _text_with_headers(s)]
+    assert {"attention.c", "attention_tiles.c", "gemm.c"} <= {s.name for s in asking}
+    flags = [flag for flag in cpu_native.FLAGS if flag != "-shared"]
+    subprocess.run(["cc", *flags, "-c", *map(str, asking)], cwd=tmp_path, check=True)
+    for source in asking:
+        code = subprocess.run(
+            ["objdump", "-d", str(tmp_path / f"{source.stem}.o")],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert re.search(r"\sprefetch(t0|t1|t2|nta)\s", code), source.name

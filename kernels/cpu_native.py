@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 NATIVE = Path(__file__).parent / "native"
 SOURCES = sorted(NATIVE.glob("*.c"))
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS += ["-Werror=implicit-function-declaration", "-Werror=incompatible-pointer-types"]  # gcc 14
 LIBRARIES = ["-lm"]
 PANEL = 16  # output features per weight panel, as in gemm.c
 PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by

@@ -127,8 +127,8 @@ typedef struct {
     Ahead ahead;
 } Scratch;
 
-/* One tile of a group's rows against its KV head h; `scores` holds a chunk's for each chunk
- * of the group (the second pass reads them again). */
+/* One tile of a group's rows against its KV head h, in the thread's buffers (`Scratch`), the
+ * next group's lines asked for a chunk at a time. */
 AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long h, long first,
                          Scratch *mine, float *out) {
     Rows r;

@@ -1,6 +1,7 @@
-/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), a
- * bfloat16 cache's values packed for them as B tiles of P.V (two keys interleaved), the 16 x 16
- * transpose that puts a chunk's weights in A tiles, exp in 512-bit registers. */
+/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), the
+ * next group's blocks asked for while one is computed, a bfloat16 cache's values packed for them
+ * as B tiles of P.V (two keys interleaved), the 16 x 16 transpose that puts a chunk's weights in A
+ * tiles, exp in 512-bit registers. */
 #pragma once
 #include <math.h>
 #include <stdint.h>

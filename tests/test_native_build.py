@@ -18,6 +18,7 @@ def test_the_library_builds_on_this_machine() -> None:
     assert cpu_native.library() is not None
 
 
+@pytest.mark.slow  # builds the library twice
 def test_a_build_is_cached_by_source_digest(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -245,7 +245,6 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "kv_cache_dtype"),
     [("float32", "auto"), ("bfloat16", "auto"), ("float32", "bfloat16")],

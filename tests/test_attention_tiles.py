@@ -104,6 +104,36 @@ def test_a_rows_bits_on_the_tiles_do_not_depend_on_its_step(
 
 
 @amx
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), GEOMETRIES)
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (40, 0.5)])
+def test_decode_rows_whose_tiles_take_several_kv_heads_keep_their_bits(
+    heads: int, kv_heads: int, dim: int, window: int, softcap: float
+) -> None:
+    """Enough decode rows (four a thread, and more) that a row's tile takes the query heads of
+    several KV heads, two rows sharing their first blocks (one group): each row must get the
+    bits it gets alone, where its tiles take one KV head each (too few rows: split by head)."""
+    rows = 4 * torch.get_num_threads() + 6
+    generator = torch.Generator().manual_seed(heads * dim + window)
+    k_cache, v_cache = (
+        torch.randn(rows * 8, 16, kv_heads, dim, generator=generator).bfloat16() for _ in "kv"
+    )
+    tables = torch.randperm(rows * 8, generator=generator).view(rows, 8)
+    tables[1, :3] = tables[0, :3]
+    lens = torch.randint(1, 128, (rows,), generator=generator)
+    lens[0], lens[1] = 100, 40
+    query = torch.randn(rows, heads, dim, generator=generator)
+    plan = reference.plan_decode(tables, lens, 16)
+    together = native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, 0.125, window, softcap, tiles=True
+    )
+    alone = each_alone(query, k_cache, v_cache, tables, lens, 0.125, window, softcap,
+                       tiles=True)  # fmt: skip
+    assert not (together != alone).any(dim=(1, 2)).nonzero().flatten().tolist()
+    model = modelled(query, k_cache, v_cache, tables, lens, 0.125, window, softcap)
+    torch.testing.assert_close(together, model, atol=3e-3, rtol=0)
+
+
+@amx
 @pytest.mark.parametrize("window", [0, 9, 40])
 def test_a_row_weighs_exactly_the_tokens_it_sees(window: int) -> None:
     """Values that are one-hot in their token's position: each output dim is that token's

@@ -1,7 +1,7 @@
-/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), the
- * next group's blocks asked for while one is computed, a bfloat16 cache's values packed for them
- * as B tiles of P.V (two keys interleaved), the 16 x 16 transpose that puts a chunk's weights in A
- * tiles, exp in 512-bit registers. */
+/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), a
+ * bfloat16 cache's values packed for them as B tiles of P.V (two keys interleaved), the 16 x 16
+ * transpose that puts a chunk's weights in A tiles, a tile's rows and their queries, exp in
+ * 512-bit registers. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -60,50 +60,12 @@ static long group_rows(const Tiles *a, long rows, Group *groups) {
     return count;
 }
 
-/* A group's blocks, keys and values, asked for into L2 a few lines at a time while the thread
- * computes the group before it: a row's blocks lie anywhere in the cache, so no hardware
- * prefetcher guesses the next one, and asked for all at once they stall the thread until most
- * have come (docs/benchmarks.md). */
-typedef struct {
-    const char *k_cache, *v_cache;
-    const long *table;
-    long block, last, line, lines, quota; /* next block and line; lines a block; lines a call */
-} Ahead;
-
-#define NOTHING_AHEAD ((Ahead){.block = 1, .last = 0})
-
-/* Group g's lines, spread over `calls` calls of `drip`. */
-static void look_ahead(Ahead *p, const Tiles *a, const Group *g, long calls) {
-    const long bs = a->block_size, lines = bs * a->kv_heads * a->dim * 2 / 64;
-    const long first = g->begin / bs, last = (g->end - 1) / bs;
-    *p = (Ahead){(const char *)a->k_cache, (const char *)a->v_cache,
-                 a->tables + g->lead * a->width, first, last, 0, lines,
-                 ((last - first + 1) * lines + calls - 1) / calls};
-}
-
-/* Ask for the next `quota` lines of keys and as many of values, a block's in step. It writes
- * its place back: gcc takes a function that only prefetches for one without effects, and
- * drops its calls (session 29's `prefetch` was never compiled in). */
-static void drip(Ahead *p) {
-    for (long left = p->quota; left > 0 && p->block <= p->last;) {
-        const long at = p->table[p->block] * p->lines * 64;
-        const long end = p->line + left < p->lines ? p->line + left : p->lines;
-        for (long line = p->line; line < end; line++) {
-            _mm_prefetch(p->k_cache + at + line * 64, _MM_HINT_T1);
-            _mm_prefetch(p->v_cache + at + line * 64, _MM_HINT_T1);
-        }
-        left -= end - p->line;
-        p->line = end;
-        if (end == p->lines) p->line = 0, p->block++;
-    }
-}
-
 /* Where chunk c of group g's KV head h is packed: in `values`, or at `local` for a group of
- * one tile a KV head (a decode row), whose task packs its chunks one head at a time. */
+ * one tile a KV head (a decode row), whose tile packs each chunk as it weighs it. */
 static inline uint16_t *packed_at(const Tiles *a, const Group *g, long h, long c,
                                   uint16_t *local) {
     const long size = a->dim * CHUNK;
-    if (g->packed < 0) return local + (c - g->chunk) * size;
+    if (g->packed < 0) return local;
     return a->values + ((g->packed + c - g->chunk) * a->kv_heads + h) * size;
 }
 
@@ -151,10 +113,11 @@ static inline const uint16_t *head_at(const Tiles *a, const uint16_t *cache, con
     return cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * a->dim;
 }
 
-/* Chunk c of group g's values of KV head h as B tiles of P.V, [16-dim group][key pair][dim][2]:
- * two keys' values interleaved, zeros for tokens outside the group's. */
-AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint16_t *local) {
-    const long dim = a->dim, *table = a->tables + g->lead * a->width;
+/* Dims [begin, end) of chunk c of group g's values of KV head h as B tiles of P.V, [16-dim
+ * group][key pair][dim][2]: two keys' values interleaved, zeros for tokens outside the group's. */
+AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, long begin, long end,
+                            uint16_t *local) {
+    const long *table = a->tables + g->lead * a->width;
     const uint16_t *value[CHUNK];
     for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
         value[j] = t >= g->begin && t < g->end ? head_at(a, a->v_cache, table, h, t) : NULL;
@@ -162,7 +125,7 @@ AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, uint
     const __m512i low = LOW_HALVES, high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     for (long k = 0; k < CHUNK / 2; k++) {
         const uint16_t *first = value[2 * k], *second = value[2 * k + 1];
-        for (long slice = 0; slice < dim / 32; slice++) { /* 32 dims: 16-dim groups 2s, 2s + 1 */
+        for (long slice = begin / 32; slice < end / 32; slice++) { /* 32 dims: groups 2s, 2s+1 */
             const __m512i zero = _mm512_setzero_si512();
             const __m512i x = first ? _mm512_loadu_si512(first + 32 * slice) : zero;
             const __m512i y = second ? _mm512_loadu_si512(second + 32 * slice) : zero;
@@ -210,3 +173,73 @@ AMX static inline void dot_tiles(long c, long a, long b) {
 
 /* e^x for x <= 0, simd.h's in 512-bit registers. */
 AMX static inline __m512 exp_negative16(__m512 x) { EXP_NEGATIVE(512, x); }
+
+/* A tile's lanes: (row, query head) pairs of `heads` KV heads from `kv` on, each KV head's in
+ * turn. Their queries as B tiles of Q.K^T, [KV head][32-dim slice][dim pair][lane][2], each
+ * KV head's tiles zero in the other heads' lanes, so that summing every head's products gives
+ * each lane its own head's scores, exactly; and the tokens each lane sees. */
+enum { SPAN_TILES = 16 }; /* query tiles a tile's KV heads may fill: 16 KB */
+typedef struct {
+    uint32_t queries[SPAN_TILES * 256] __attribute__((aligned(64)));
+    long row[TILE], head[TILE], rows, lo, hi, kv, heads;
+    __m512i begin, end;
+    __mmask16 valid, of[TILE]; /* of[j]: the lanes of KV head kv + j */
+    int full_from, full_to;    /* tokens every lane sees */
+} Rows;
+
+/* KV heads a tile of a decode group's lanes takes at once (exp, the weights' transpose and
+ * their stores then run once for them), within a tile's 16 lanes and SPAN_TILES. */
+static inline long span(const Tiles *a, const Group *g) {
+    const long lanes = TILE / (g->rows * a->per_head), tiles = SPAN_TILES / (a->dim / 32);
+    const long most = lanes < tiles ? lanes : tiles;
+    return most < a->kv_heads ? most : a->kv_heads;
+}
+
+/* The lanes of the tile that see token t. */
+AMX static inline __mmask16 seeing(const Rows *r, long t) {
+    if (t >= r->full_from && t < r->full_to) return r->valid;
+    const __m512i key = _mm512_set1_epi32((int)t);
+    return _mm512_mask_cmple_epi32_mask(r->valid, r->begin, key) &
+           _mm512_cmplt_epi32_mask(key, r->end);
+}
+
+/* Lanes [first, first + 16) (fewer at the end) of group g's (row, query head) pairs of KV
+ * heads [kv, kv + heads). */
+AMX static void tile_rows(const Tiles *a, const float *q, const Group *g, long kv, long heads,
+                          long first, Rows *r) {
+    const long dim = a->dim, pairs = g->rows * a->per_head, left = heads * pairs - first;
+    uint32_t flat[TILE * 256 / 2] __attribute__((aligned(64)));
+    int begin[TILE], end[TILE];
+    r->rows = left < TILE ? left : TILE, r->kv = kv, r->heads = heads;
+    r->lo = g->end, r->hi = 0, r->full_from = 0, r->full_to = (int)g->end;
+    for (long j = 0; j < heads; j++) r->of[j] = 0;
+    for (long m = 0; m < TILE; m++) {
+        const long lane = first + (m < r->rows ? m : 0), j = lane / pairs, pair = lane % pairs;
+        r->of[j] |= (__mmask16)(1u << m);
+        r->row[m] = g->first + pair / a->per_head;
+        r->head[m] = (kv + j) * a->per_head + pair % a->per_head;
+        const float *from = q + (r->row[m] * a->heads + r->head[m]) * dim;
+        for (long d = 0; d < dim; d += 16) {
+            const __m256bh x = _mm256_cvtne2ps_pbh(_mm256_loadu_ps(from + d + 8),
+                                                   _mm256_loadu_ps(from + d));
+            _mm256_store_si256((__m256i *)(flat + (m * dim + d) / 2), (__m256i)x);
+        }
+        const long len = a->lens[r->row[m]], seen = first_visible(len, a->window);
+        begin[m] = (int)seen, end[m] = m < r->rows ? (int)len : 0;
+        if (m >= r->rows) continue;
+        r->lo = seen < r->lo ? seen : r->lo, r->hi = len > r->hi ? len : r->hi;
+        r->full_from = seen > r->full_from ? (int)seen : r->full_from;
+        r->full_to = len < r->full_to ? (int)len : r->full_to;
+    }
+    r->begin = _mm512_loadu_si512(begin), r->end = _mm512_loadu_si512(end);
+    r->valid = (__mmask16)((1u << r->rows) - 1);
+    for (long i = 0; i < dim / 32; i++) { /* slice i: its 16 pairs of each lane, transposed */
+        __m512i lanes[16];
+        for (long m = 0; m < TILE; m++) lanes[m] = _mm512_load_si512(flat + m * dim / 2 + 16 * i);
+        transpose16(lanes);
+        for (long j = 0; j < heads; j++)
+            for (long k = 0; k < 16; k++)
+                _mm512_store_si512(r->queries + 256 * (j * dim / 32 + i) + 16 * k,
+                                   _mm512_maskz_mov_epi32(r->of[j], lanes[k]));
+    }
+}

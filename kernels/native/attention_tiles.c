@@ -88,7 +88,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
     for (long i = 0; i < slices && slices <= QUERY_TILES; i++)
         load_tile(i, r.queries + 256 * i, 64);
     float o[DIMS_A_PASS * TILE] __attribute__((aligned(64)));
-    uint32_t weights[TILE * CHUNK / 2 * TILE] __attribute__((aligned(64))); /* a KV head's */
+    uint32_t weights[TILE * CHUNK / 2 * TILE] __attribute__((aligned(64))); /* head j: 256 j */
     const __m512i interleave = INTERLEAVE;
     const long from = r.lo / CHUNK, to = (r.hi + CHUNK - 1) / CHUNK;
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -176,7 +176,7 @@ AMX static void run_task(const Tiles *a, const float *q, const Group *groups, Ta
 static long drips(const Tiles *a, const Group *g, long head) {
     const long heads = head < 0 ? a->kv_heads : 1, most = head < 0 ? span(a, g) : 1;
     const long tiles = (heads + most - 1) / most, passes = (a->dim + 63) / DIMS_A_PASS;
-    return g->chunks * tiles * (1 + passes * most);
+    return g->chunks * (tiles + passes * heads);
 }
 
 /* As paged_decode_attention (attention.c), for a bf16 cache, dim a multiple of 32 up to 256,

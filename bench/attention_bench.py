@@ -1,5 +1,6 @@
-"""`turnstile bench attention`: one layer's paged attention on the CPU over a bfloat16 cache with
-the embedded model's heads (9 query heads on 3 KV heads, head_dim 64): in float32 rows
+"""`turnstile bench attention`: one layer's paged attention on the CPU over a bfloat16 (or, with
+`--kv-cache-dtype`, an fp8) cache with the embedded model's heads (9 query heads on 3 KV heads,
+head_dim 64): in float32 rows
 (`attention.c`) and, where the CPU has AMX-BF16, on tiles (`attention_tiles.c`). Prompts run
 causally, a row a token; decode rows a token each. Random cache values (the time does not
 depend on them); blocks of 16, each sequence's scattered over the cache. As in a step, each
@@ -30,12 +31,16 @@ CASES = {
 
 
 def _inputs(
-    sequences: int, tokens: int, prompt: bool, generator: torch.Generator
+    sequences: int,
+    tokens: int,
+    prompt: bool,
+    generator: torch.Generator,
+    cache_dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, reference.DecodePlan]:
     info = read_model_info(embedded_model_path())
     blocks = -(-tokens // BLOCK)
     shape = (sequences * blocks, BLOCK, info.num_kv_heads, info.head_dim)
-    k_cache, v_cache = (torch.randn(shape, generator=generator).bfloat16() for _ in "kv")
+    k_cache, v_cache = (torch.randn(shape, generator=generator).to(cache_dtype) for _ in "kv")
     tables = torch.randperm(sequences * blocks, generator=generator).view(sequences, blocks)
     if prompt:
         lens = torch.arange(1, tokens + 1).repeat(sequences)
@@ -46,14 +51,16 @@ def _inputs(
     return query, k_cache, v_cache, reference.plan_decode(tables, lens, BLOCK)
 
 
-def measure(repeats: int = 15) -> dict[str, dict[str, float]]:
+def measure(
+    repeats: int = 15, cache_dtype: torch.dtype = torch.bfloat16
+) -> dict[str, dict[str, float]]:
     """Per case, per path ("rows", and "tiles" where the CPU has them): ms a layer (median)."""
     paths = {"rows": False, **({"tiles": True} if cpu_native.amx_tiles() else {})}
     depth = read_model_info(embedded_model_path()).num_layers
     generator = torch.Generator().manual_seed(0)
     report: dict[str, dict[str, float]] = {}
     for case, (sequences, tokens, prompt) in CASES.items():
-        query, k_cache, v_cache, plan = _inputs(sequences, tokens, prompt, generator)
+        query, k_cache, v_cache, plan = _inputs(sequences, tokens, prompt, generator, cache_dtype)
         caches = [(k_cache.clone(), v_cache.clone()) for _ in range(depth)]
         report[case] = {path: median_ms(_step(query, caches, plan, tiles), repeats) / depth
                         for path, tiles in paths.items()}  # fmt: skip

@@ -36,6 +36,9 @@ from turnstile.shared.model_info import ModelInfo
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+# `--kv-cache-dtype`'s, vLLM's names: fp8 is e4m3, with no scale (1.0).
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+KV_DTYPES = DTYPES | FP8
 
 
 class Route(enum.Enum):
@@ -103,7 +106,7 @@ class Backend(ABC):
         """The KV cache's dtype (`--kv-cache-dtype`; auto: the activations'); `quantized`:
         whether the model's GGUF blocks stay quantized."""
         chosen = self.config.executor.kv_cache_dtype
-        return activation_dtype if chosen == "auto" else DTYPES[chosen]
+        return activation_dtype if chosen == "auto" else KV_DTYPES[chosen]
 
     def keeps_quantized(self) -> bool:
         """Whether the model's GGUF blocks stay quantized (`--quantization`); only the cpu

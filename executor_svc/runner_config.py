@@ -29,14 +29,18 @@ class ExecutorConfig:
         "to int8 (cpu backend; on AMX-INT8, see --cpu-products); none: dequantize every weight "
         "to --dtype; auto: gguf for a GGUF file on the cpu backend when no --dtype is given",
     )
-    kv_cache_dtype: Literal["auto", "bfloat16", "float32", "float16"] = setting(
+    kv_cache_dtype: Literal[
+        "auto", "bfloat16", "float32", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"
+    ] = setting(
         "auto",
         "the KV cache's (auto: the activations'; bfloat16 where GGUF blocks stay quantized: "
-        "half the bytes a decode step's attention reads)",
+        "half the bytes a decode step's attention reads); fp8 (= fp8_e4m3), fp8_e5m2: a byte a "
+        "value, no scale (1.0, vLLM's default), values beyond the format's largest saturate to "
+        "it (cpu and torch backends)",
     )
     cpu_attention: Literal["auto", "tiles", "rows"] = setting(
         "auto",
-        "cpu backend, bfloat16 KV cache: tiles: AMX-BF16 tiles (bf16 queries and softmax "
+        "cpu backend, bfloat16 or fp8 KV cache: tiles: AMX-BF16 tiles (bf16 queries and softmax "
         "weights, fp32 sums); rows: float32 rows; auto: tiles where the CPU has AMX-BF16",
     )
     cpu_products: Literal["auto", "tiles", "blocks"] = setting(

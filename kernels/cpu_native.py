@@ -87,7 +87,7 @@ _SIGNATURES = {
     ],
     "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
-    "round_to_half": [_PTR, _PTR, _LONG, _LONG],
+    "round_kv": [_PTR, _PTR, _LONG, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],
     "race_rows": [_PTR, _LONG, _LONG, _PTR, _PTR],
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
@@ -96,7 +96,7 @@ _SIGNATURES = {
     "silu_and_multiply": [_PTR, _PTR, _LONG, _LONG],
 }
 # What the functions that do not answer a status (0, or -1 where they could not allocate) answer.
-_VOID = ("linear_f32", "linear_bf16", "round_to_half", "argmax_rows", "race_rows",
+_VOID = ("linear_f32", "linear_bf16", "round_kv", "argmax_rows", "race_rows",
          "silu_and_multiply")  # fmt: skip
 _RESULTS = dict.fromkeys(_VOID) | {"decode_layer_scratch": _LONG}
 # The quantized product's tiles, as simd.h numbers them: 256-bit without VNNI, 256-bit

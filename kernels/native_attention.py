@@ -10,7 +10,9 @@ from turnstile.kernels import cpu_native
 from turnstile.kernels.reference import DecodePlan
 
 # What attention.c and decode_layer.c read, numbered as their KV formats (simd.h).
-CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CACHE_DTYPES = (
+    torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
+)  # fmt: skip
 
 
 def paged_decode_attention(
@@ -39,7 +41,7 @@ def paged_decode_attention(
     lens = plan.seq_lens.to(torch.int64).contiguous()
     if dim % 8 or heads % kv_heads or k_cache.dtype not in CACHE_DTYPES:
         raise ValueError(
-            "native decode attention needs a float32, bfloat16 or float16 cache and "
+            "native decode attention needs a float32, 16-bit or fp8 cache and "
             f"head_dim % 8 == 0, got {k_cache.dtype} and {dim}"
         )
     if tiles is None:

@@ -22,10 +22,14 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at their flat slots, in the
-    cache's dtype."""
+    cache's dtype: an fp8 value beyond the format's largest saturates to it, as vLLM's."""
     heads, dim = k_cache.shape[2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    for cache, new in ((k_cache, key), (v_cache, value)):
+        if cache.dtype.itemsize == 1:  # fp8, copied as bytes: the CPU has no fp8 index_copy_
+            largest = torch.finfo(cache.dtype).max
+            new = new.clamp(-largest, largest).to(cache.dtype).view(torch.uint8)
+            cache = cache.view(torch.uint8)
+        cache.view(-1, heads, dim).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
 def _gather_kv(

@@ -81,7 +81,7 @@ def test_linear_accepts_a_non_contiguous_input_and_residual() -> None:
     torch.testing.assert_close(got, x @ weight.t() + residual, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cache_dtype", native_attention.CACHE_DTYPES)
 @pytest.mark.parametrize("block_size", [16, 32])
 # 20: windows that start mid-block; soft cap 0.5 (Gemma 2's is 50, on scores 100x these)
 @pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (20, 0.0), (20, 0.5)])
@@ -234,7 +234,7 @@ def test_backend_choice_follows_the_device_dtype_and_kernels(
         name(backend="fast")
     k_cache, v_cache, tables, lens = paged_setup([5], 16, torch.float64)
     plan = reference.plan_decode(tables, lens, 16)
-    with pytest.raises(ValueError, match="float32, bfloat16 or float16 cache"):
+    with pytest.raises(ValueError, match="float32, 16-bit or fp8 cache"):
         native_attention.paged_decode_attention(
             torch.randn(1, HEADS, DIM), k_cache, v_cache, plan, 1.0
         )

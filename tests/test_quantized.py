@@ -113,9 +113,11 @@ def test_quantized_rows_are_picked_and_stacked_as_dense_rows(
 
 @pytest.mark.slow
 @needs_native
-def test_the_embedded_models_blocks_generate_alike_on_every_route() -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_the_embedded_models_blocks_generate_alike_on_every_route(kv_cache_dtype: str) -> None:
     """Prompts run together in 32-token chunks with too few KV blocks (preempted, recomputed;
-    the fused decode layers and the model's layers both run) give each prompt's tokens alone."""
+    the fused decode layers and the model's layers both run) give each prompt's tokens alone,
+    on the default bfloat16 KV cache and on an fp8 one."""
     from conftest import fixed_length_requests
 
     from turnstile.bench.parity_bench import prompt_ids
@@ -127,23 +129,26 @@ def test_the_embedded_models_blocks_generate_alike_on_every_route() -> None:
 
     prompts = prompt_ids()[:4]
     requests = fixed_length_requests(prompts, SamplingParams(), 40)
-    crowded = OfflineEngine(build(RunnerConfig, quantization="gguf", num_blocks=12, max_num_seqs=4),
+    flags = dict(quantization="gguf", kv_cache_dtype=kv_cache_dtype)
+    crowded = OfflineEngine(build(RunnerConfig, **flags, num_blocks=12, max_num_seqs=4),
                             SchedulingConfig(max_num_batched_tokens=32))  # fmt: skip
     assert crowded.runner.quantized
     together = [r.token_ids for r in crowded.generate(requests)]
     assert crowded.scheduler.stats.num_preemptions > 0
     assert crowded.scheduler.pool.num_free == 12
-    alone = OfflineEngine(build(RunnerConfig, quantization="gguf", num_blocks=64))
+    alone = OfflineEngine(build(RunnerConfig, **flags, num_blocks=64))
     assert together == [alone.generate([r])[0].token_ids for r in requests]
 
 
 @pytest.mark.slow
 @needs_native
 def test_the_gguf_blocks_lose_under_one_percent_perplexity_to_float32() -> None:
+    """And so do they with an fp8 (e4m3) KV cache, values of no scale saturated to its range."""
     from turnstile.bench.quality_bench import measure
 
     # On AMX-INT8 the default takes the int8 tiles: the blocks' products measured beside them.
-    paths = ("gguf", "gguf, blocks products") if cpu_native.amx_int8() else ("gguf",)
+    paths = ("gguf", "gguf, fp8 (e4m3) KV")
+    paths += ("gguf, blocks products",) if cpu_native.amx_int8() else ()
     report = measure(new_tokens=16, paths=paths)
     for path in paths:
         assert 0.99 < report[path].perplexity / report["float32"].perplexity < 1.01, report

@@ -78,8 +78,9 @@ def projections(args: argparse.Namespace) -> None:
 
 def attention(args: argparse.Namespace) -> None:
     from turnstile.bench.attention_bench import measure
+    from turnstile.executor_svc.backend import KV_DTYPES
 
-    for case, paths in measure(args.repeats).items():
+    for case, paths in measure(args.repeats, KV_DTYPES[args.kv_cache_dtype]).items():
         times = ", ".join(f"{path} {ms:.3g} ms" for path, ms in paths.items())
         ratio = f" (tiles {paths['rows'] / paths['tiles']:.1f}x)" if "tiles" in paths else ""
         print(f"{case}: {times}{ratio}")

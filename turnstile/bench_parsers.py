@@ -132,6 +132,8 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "attention", help="a layer's attention over a bf16 cache: float32 rows, AMX tiles"
     )
     command.add_argument("--repeats", type=int, default=15)
+    command.add_argument("--kv-cache-dtype", default="bfloat16",
+                         choices=("bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"))  # fmt: skip
     command.set_defaults(handler=attention)
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")

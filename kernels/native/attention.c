@@ -1,5 +1,5 @@
 /* Paged decode attention on x86-64 with AVX2 and FMA: one float32 query token per row against
- * that row's cached K and V (float32, or bfloat16 or float16 widened a block at a time), read in
+ * that row's cached K and V (float32, or 16- or 8-bit values widened a block at a time), read in
  * place through its block table.
  *
  * The torch path gathers every row's blocks into a contiguous copy (per layer, K and V) before
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "attention_rows.h"
+#include "kv_formats.h"
 #include "simd.h"
 
 /* A row's context is split into parts of this many blocks, counted from its first visible
@@ -23,15 +24,15 @@
  * row's result is the same bits in any step (the quantized path relies on it). */
 #define BLOCKS_PER_TASK 4
 /* A task takes the same part of up to this many rows that read the same blocks: a block is
- * then read (and a 16-bit one widened) once for all of them while it is in L1, not once a row.
- * Each row's arithmetic is the same, in the same order, as alone (attention_rows.h). */
+ * then read (and a 16- or 8-bit one widened) once for all of them while it is in L1, not once
+ * a row. Each row's arithmetic is the same, in the same order, as alone (attention_rows.h). */
 #define ROWS_PER_TASK 16
 
 typedef struct {
     Scorer score;
     Weigher weigh;
     const void *k_cache, *v_cache;
-    long format; /* the caches' values: KV_F32, KV_BF16 or KV_F16 (simd.h) */
+    long format; /* the caches' values: one of simd.h's KV_* */
     const long *block_tables;
     long width, heads, kv_heads, dim, block_size;
     float scale, softcap;
@@ -57,20 +58,14 @@ static inline void prefetch_block(const char *block, long bytes) {
 }
 
 /* Tokens [skip, skip + count) of cache block `block` as float32: in place for a float32 cache;
- * a 16-bit one widened into `buffer`, where the scoring loops read it from L1 once a head. */
+ * a 16- or 8-bit one widened into `buffer`, where the scoring loops read it from L1 once a head. */
 static const float *block_values(const Decode *a, const void *cache, long block, long skip,
                                  long count, float *buffer) {
     const long token_values = a->kv_heads * a->dim;
     const long first = (block * a->block_size + skip) * token_values, n = count * token_values;
     if (a->format == KV_F32) return (const float *)cache + first;
-    const uint16_t *from = (const uint16_t *)cache + first;
-    for (long i = 0; i < n; i += 8) {
-        __m128i half = _mm_loadu_si128((const __m128i *)(from + i));
-        __m256 wide = a->format == KV_F16
-                          ? _mm256_cvtph_ps(half)
-                          : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-        _mm256_storeu_ps(buffer + i, wide);
-    }
+    for (long i = 0; i < n; i += 8)
+        _mm256_storeu_ps(buffer + i, widen_kv(cache, first + i, a->format));
     return buffer;
 }
 
@@ -91,14 +86,14 @@ static void soft_cap(const Decode *a, float *scores, long count) {
 }
 
 /* Every query head of each of the task's rows over its tokens. `scores` holds rows x heads x
- * stride floats; `buffer` a block's values (a 16-bit cache's, widened); `parts` the rows'
+ * stride floats; `buffer` a block's values (a 16- or 8-bit cache's, widened); `parts` the rows'
  * partials, `first_part` the index of each row's first. */
 static void attend(const Decode *a, const float *q, const long *seq_lens, const Task *task,
                    float *scores, long stride, float *buffer, const Partial *parts,
                    const long *first_part) {
     const long heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;
     const long token_stride = a->kv_heads * dim, begin = task->begin;
-    const long block_bytes = bs * token_stride * (a->format == KV_F32 ? 4 : 2);
+    const long block_bytes = bs * token_stride * kv_bytes(a->format);
     const char *k_bytes = a->k_cache, *v_bytes = a->v_cache;
     const long *table = a->block_tables + task->row * a->width;
     const long first = begin / bs, last = (task->end - 1) / bs;
@@ -186,7 +181,7 @@ static int same_blocks(const Decode *a, const long *seq_lens, long window, long 
     return 1;
 }
 
-int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+int tiled_attention(const float *q, const void *k_cache, const void *v_cache, long format,
                     const long *block_tables, long width, const long *seq_lens, float *out,
                     long rows, long heads, long kv_heads, long dim, long block_size, float scale,
                     long window, float softcap);
@@ -194,16 +189,18 @@ int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_c
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
  * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
  * `softcap` > 0 soft-caps the scores. `isa` (simd.h): AVX-512's registers on ISA_AVX512_VNNI,
- * the same bits on any. `tiles` (only once `amx_ready`): a bf16 cache with head_dim a multiple
- * of 32 goes through AMX-BF16 tiles (attention_tiles.c), other bits. Returns 0, or -1 when out
- * of memory. */
+ * the same bits on any. `tiles` (only once `amx_ready`): a bf16 or fp8 cache with head_dim a
+ * multiple of 32 goes through AMX-BF16 tiles (attention_tiles.c), other bits. Returns 0, or -1
+ * when out of memory. */
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
                            float scale, long window, float softcap, long isa, long tiles) {
-    if (tiles && kv_format == KV_BF16 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
-        return tiled_attention(q, k_cache, v_cache, block_tables, width, seq_lens, out, rows,
-                               heads, kv_heads, dim, block_size, scale, window, softcap);
+    const int bf16 = kv_format == KV_BF16 || kv_format >= KV_E4M3; /* fp8 widens exactly */
+    if (tiles && bf16 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
+        return tiled_attention(q, k_cache, v_cache, kv_format, block_tables, width, seq_lens,
+                               out, rows, heads, kv_heads, dim, block_size, scale, window,
+                               softcap);
     const int wide = isa == ISA_AVX512_VNNI;
     Decode a = {wide ? score_wide : score_narrow, wide ? weigh_wide : weigh_narrow,
                 k_cache, v_cache, kv_format, block_tables, width, heads,

@@ -16,7 +16,7 @@ typedef struct {
 
 /* Group g's lines, spread over `calls` calls of `drip`. */
 static void look_ahead(Ahead *p, const Tiles *a, const Group *g, long calls) {
-    const long bs = a->block_size, lines = bs * a->kv_heads * a->dim * 2 / 64;
+    const long bs = a->block_size, lines = bs * a->kv_heads * a->dim * kv_bytes(a->format) / 64;
     const long first = g->begin / bs, last = (g->end - 1) / bs;
     *p = (Ahead){(const char *)a->k_cache, (const char *)a->v_cache,
                  a->tables + g->lead * a->width, first, last, 0, lines,

@@ -22,6 +22,7 @@
 
 #include "amx.h"
 #include "attention_ahead.h"
+#include "attention_packing.h"
 
 /* Tiles are not renamed: a load into a tile waits for the product before that reads it. So
  * while scoring, tiles 0-3 hold the queries' slices, 4-5 a chunk's scores and the keys alternate
@@ -42,14 +43,17 @@ static void soft_cap(const Tiles *a, float *s, long count) {
  * token's KV heads lie side by side, so the tile's heads' 32-dim slices are one run of them.
  * Half chunks no lane sees are left out (their scores are masked). */
 AMX static void score_chunk(const Tiles *a, const Group *g, const Rows *r, long c, float *s) {
-    const long *table = a->tables + g->lead * a->width, stride = a->kv_heads * a->dim * 2;
-    const long slices = r->heads * a->dim / 32;
+    const long *table = a->tables + g->lead * a->width;
+    const long stride = a->kv_heads * a->dim * kv_bytes(a->format);
+    const long slices = r->heads * a->dim / 32, slice_bytes = 32 * kv_bytes(a->format);
+    uint16_t wide[TILE * SPAN_TILES * 32] __attribute__((aligned(64))); /* fp8 keys, widened */
+    const int widened = g->packed >= 0 && a->keys != NULL; /* a prompt's, from an fp8 cache */
     /* The next chunk's keys into L1 while this one's are scored: a tile's 16 tokens, 2 to 4
      * lines each a stride apart, have no hardware prefetcher ahead of them (docs/benchmarks.md). */
-    for (long t = (c + 1) * CHUNK; t < (c + 2) * CHUNK && t < r->hi; t += 16) {
-        const char *next = (const char *)head_at(a, a->k_cache, table, r->kv, t);
+    for (long t = (c + 1) * CHUNK; !widened && t < (c + 2) * CHUNK && t < r->hi; t += 16) {
+        const char *next = head_at(a, a->k_cache, table, r->kv, t);
         for (long j = 0; j < 16 * stride; j += stride)
-            for (long line = 0; line < slices * 64; line += 64)
+            for (long line = 0; line < slices * slice_bytes; line += 64)
                 _mm_prefetch(next + j + line, _MM_HINT_T0);
     }
     _tile_zero(4);
@@ -57,10 +61,22 @@ AMX static void score_chunk(const Tiles *a, const Group *g, const Rows *r, long 
     for (long half = 0; half < 2; half++) {
         const long t = c * CHUNK + 16 * half;
         if (t + 16 <= r->lo || t >= r->hi) continue;
-        const uint16_t *keys = head_at(a, a->k_cache, table, r->kv, t);
+        const char *keys = head_at(a, a->k_cache, table, r->kv, t);
+        long pitch = stride;
+        if (widened) { /* once a call, for all the prompt's tiles */
+            const long chunk = (g->packed + c - g->chunk) * a->kv_heads + r->kv;
+            keys = (const char *)(a->keys + (chunk * CHUNK + 16 * half) * a->dim);
+            pitch = a->dim * 2;
+        } else if (a->format != KV_BF16) { /* a decode row's 16 tokens as bf16, back from L1 */
+            for (long j = 0; j < TILE; j++)
+                for (long i = 0; i < slices; i++)
+                    _mm512_store_si512(wide + (j * slices + i) * 32,
+                                       bf16_values(a, keys + j * stride + i * slice_bytes));
+            keys = (const char *)wide, pitch = slices * 64;
+        }
         for (long i = 0; i < slices; i++) {
             if (slices > QUERY_TILES) load_tile(i % QUERY_TILES, r->queries + 256 * i, 64);
-            load_tile(6 + i % 2, keys + 32 * i, stride);
+            load_tile(6 + i % 2, keys + 64 * i, pitch);
             dot_tiles(4 + half, 6 + i % 2, i % QUERY_TILES);
         }
     }
@@ -179,14 +195,16 @@ static long drips(const Tiles *a, const Group *g, long head) {
     return g->chunks * (tiles + passes * heads);
 }
 
-/* As paged_decode_attention (attention.c), for a bf16 cache, dim a multiple of 32 up to 256,
- * on a CPU with AMX-BF16 once `amx_ready`. Returns 0, or -1 when out of memory. */
-AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+/* As paged_decode_attention (attention.c), for a bf16 or fp8 cache (`format`), dim a multiple
+ * of 32 up to 256, on a CPU with AMX-BF16 once `amx_ready`. Returns 0, or -1 when out of
+ * memory. */
+AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache, long format,
                         const long *block_tables, long width, const long *seq_lens, float *out,
                         long rows, long heads, long kv_heads, long dim, long block_size,
                         float scale, long window, float softcap) {
     Tiles a = {k_cache, v_cache, block_tables, seq_lens, width, heads, kv_heads, dim,
-               block_size, window, scale, softcap, NULL, heads / kv_heads};
+               block_size, window, scale, softcap, NULL, NULL, heads / kv_heads, format,
+               fp8_subnormals(format)};
     Group *groups = malloc(sizeof(Group) * rows);
     if (groups == NULL) return -1;
     const long count = group_rows(&a, rows, groups), chunk_size = dim * CHUNK;
@@ -206,8 +224,10 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
     Task *task = malloc(sizeof(Task) * tasks);
     long *owner = malloc(sizeof(long) * (shared + 1)); /* each shared chunk's group */
     a.values = aligned_alloc(64, sizeof(uint16_t) * (shared * kv_heads + 1) * chunk_size);
-    if (!task || !owner || !a.values) {
-        free(groups); free(task); free(owner); free(a.values);
+    if (format != KV_BF16)
+        a.keys = aligned_alloc(64, sizeof(uint16_t) * (shared * kv_heads + 1) * chunk_size);
+    if (!task || !owner || !a.values || (format != KV_BF16 && !a.keys)) {
+        free(groups); free(task); free(owner); free(a.values); free(a.keys);
         return -1;
     }
     long big = 0; /* tasks of groups of several tiles first, then the rest (decode rows) */
@@ -228,6 +248,7 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
         for (long i = 0; i < shared * kv_heads; i++) {
             const Group *g = &groups[owner[i / kv_heads]];
             pack_values(&a, g, i % kv_heads, g->chunk + i / kv_heads - g->packed, 0, dim, NULL);
+            if (a.keys) widen_keys(&a, g, i % kv_heads, g->chunk + i / kv_heads - g->packed);
         }
         configure_tiles();
         Scratch mine = {aligned_alloc(64, sizeof(float) * most * CHUNK * TILE),
@@ -253,6 +274,6 @@ AMX int tiled_attention(const float *q, const uint16_t *k_cache, const uint16_t 
         free(mine.scores);
         free(mine.local);
     }
-    free(groups); free(task); free(owner); free(a.values);
+    free(groups); free(task); free(owner); free(a.values); free(a.keys);
     return failed ? -1 : 0;
 }

@@ -1,28 +1,31 @@
-/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), a
- * bfloat16 cache's values packed for them as B tiles of P.V (two keys interleaved), the 16 x 16
- * transpose that puts a chunk's weights in A tiles, a tile's rows and their queries, exp in
- * 512-bit registers. */
+/* What attention_tiles.c puts together: the runs of rows that read the same blocks (groups), the
+ * 16 x 16 transpose that puts a chunk's weights in A tiles, the tiles by number, a tile's rows
+ * and their queries, exp in 512-bit registers. Their keys and values: attention_packing.h. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
 #include "amx.h"
-#include "simd.h"
+#include "kv_formats.h"
 
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512vl,avx512bf16")))
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 enum { TILE = 16, CHUNK = 32, DIMS_A_PASS = 64 }; /* rows a tile; keys a chunk; outputs a pass */
 typedef struct {
-    const uint16_t *k_cache, *v_cache;
+    const void *k_cache, *v_cache; /* bfloat16 or fp8 values (`format`) */
     const long *tables, *lens;
     long width, heads, kv_heads, dim, block_size, window;
     float scale, softcap;
     uint16_t *values; /* packed (`pack_values`): [chunk of a group][kv head][dim * CHUNK] */
+    uint16_t *keys;   /* an fp8 cache's, widened (`widen_keys`): as `values`, [CHUNK][dim] */
     long per_head;    /* query heads a KV head */
+    long format;      /* KV_BF16, KV_E4M3 or KV_E5M2 (simd.h) */
+    __m512i tiny;     /* an fp8 format's subnormals as bf16 (`fp8_subnormals`) */
 } Tiles;
 
 /* Rows [first, first + rows) read the same blocks over tokens [begin, end), through `lead`'s
- * table (the longest row's): chunks [chunk, chunk + chunks), packed in `values` from chunk
- * `packed` on, or by their one tile's task where they fill one tile a KV head (`packed` -1). */
+ * table (the longest row's): chunks [chunk, chunk + chunks), packed in `values` (and an fp8
+ * cache's keys in `keys`) from chunk `packed` on, or by their one tile's task where they fill
+ * one tile a KV head (`packed` -1). */
 typedef struct {
     long first, rows, lead, begin, end, chunk, chunks, packed;
 } Group;
@@ -60,26 +63,11 @@ static long group_rows(const Tiles *a, long rows, Group *groups) {
     return count;
 }
 
-/* Where chunk c of group g's KV head h is packed: in `values`, or at `local` for a group of
- * one tile a KV head (a decode row), whose tile packs each chunk as it weighs it. */
-static inline uint16_t *packed_at(const Tiles *a, const Group *g, long h, long c,
-                                  uint16_t *local) {
-    const long size = a->dim * CHUNK;
-    if (g->packed < 0) return local;
-    return a->values + ((g->packed + c - g->chunk) * a->kv_heads + h) * size;
-}
-
 /* The 32 16-bit lanes of a and b's first 16 as pairs (a[i], b[i]), through vpermw. */
 #define INTERLEAVE                                                                             \
     _mm512_setr_epi32(0x100000, 0x110001, 0x120002, 0x130003, 0x140004, 0x150005, 0x160006,   \
                       0x170007, 0x180008, 0x190009, 0x1a000a, 0x1b000b, 0x1c000c, 0x1d000d,   \
                       0x1e000e, 0x1f000f)
-
-/* Lanes (a[i], b[i]) for i < 16 of two registers' 32 16-bit lanes, through vpermt2w (add 16 for
- * their high halves). */
-#define LOW_HALVES                                                                             \
-    _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, \
-                     37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0)
 
 /* r[j] becomes column j of the 16 x 16 matrix of 32-bit values whose rows are r[0..16). */
 AMX static inline void transpose16(__m512i r[16]) {
@@ -103,35 +91,6 @@ AMX static inline void transpose16(__m512i r[16]) {
         r[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
         r[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
         r[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-    }
-}
-
-/* Token t's KV head h in `cache`, through a row's block `table`. */
-static inline const uint16_t *head_at(const Tiles *a, const uint16_t *cache, const long *table,
-                                      long h, long t) {
-    const long bs = a->block_size;
-    return cache + ((table[t / bs] * bs + t % bs) * a->kv_heads + h) * a->dim;
-}
-
-/* Dims [begin, end) of chunk c of group g's values of KV head h as B tiles of P.V, [16-dim
- * group][key pair][dim][2]: two keys' values interleaved, zeros for tokens outside the group's. */
-AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, long begin, long end,
-                            uint16_t *local) {
-    const long *table = a->tables + g->lead * a->width;
-    const uint16_t *value[CHUNK];
-    for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
-        value[j] = t >= g->begin && t < g->end ? head_at(a, a->v_cache, table, h, t) : NULL;
-    __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
-    const __m512i low = LOW_HALVES, high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
-    for (long k = 0; k < CHUNK / 2; k++) {
-        const uint16_t *first = value[2 * k], *second = value[2 * k + 1];
-        for (long slice = begin / 32; slice < end / 32; slice++) { /* 32 dims: groups 2s, 2s+1 */
-            const __m512i zero = _mm512_setzero_si512();
-            const __m512i x = first ? _mm512_loadu_si512(first + 32 * slice) : zero;
-            const __m512i y = second ? _mm512_loadu_si512(second + 32 * slice) : zero;
-            _mm512_store_si512(to + 32 * slice + k, _mm512_permutex2var_epi16(x, low, y));
-            _mm512_store_si512(to + 32 * slice + 16 + k, _mm512_permutex2var_epi16(x, high, y));
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kv_formats.h"
 #include "simd.h"
 
 void linear_f32(const float *x, const float *w, float *y, const float *bias,
@@ -39,7 +40,7 @@ typedef struct {
     long rows, hidden, intermediate, heads, kv_heads, dim;
     float eps, scale;
     void *k_cache, *v_cache;
-    long kv_format;           /* the caches' values: KV_F32, KV_BF16 or KV_F16 (simd.h) */
+    long kv_format;           /* the caches' values: one of simd.h's KV_* */
     const long *slots;        /* [rows] flat cache slot of each row's new token */
     const float *rotations;   /* [rows][dim / 2][2]: cos, sin at each row's position */
     const long *block_tables; /* [rows][width] */
@@ -88,35 +89,6 @@ static void rms_norm(const float *x, const float *weight, float *out, long rows,
     }
 }
 
-/* n float32 values (n a multiple of 8) into a 16-bit format as torch rounds them: to nearest,
- * ties to even (a NaN stays a NaN; float16's overflow is inf). */
-void round_to_half(const float *from, uint16_t *to, long n, long format) {
-    for (long i = 0; i < n; i += 8) {
-        __m256 x = _mm256_loadu_ps(from + i);
-        if (format == KV_F16) {
-            _mm_storeu_si128((__m128i *)(to + i),
-                             _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            continue;
-        }
-        __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
-        __m256i even = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-        __m256i rounded = _mm256_srli_epi32(
-            _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), even)), 16);
-        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-        rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
-        /* 32-bit lanes to 16: the pack interleaves 128-bit lanes, the permute undoes it. */
-        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08);
-        _mm_storeu_si128((__m128i *)(to + i), _mm256_castsi256_si128(packed));
-    }
-}
-
-/* n values into the cache from value `first` on, in the cache's format. */
-static void store_kv(const Step *s, void *cache, long first, const float *from, long n) {
-    if (s->kv_format != KV_F32) round_to_half(from, (uint16_t *)cache + first, n, s->kv_format);
-    else
-        for (long i = 0; i < n; i++) ((float *)cache)[first + i] = from[i];
-}
-
 /* Each query and key head RMS-normed where the model has `qk_norm` ([heads + kv_heads][dim],
  * Qwen3), RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves
  * in executor_svc/model/llama.py), then the queries into `queries` and K and V into the cache. */
@@ -139,8 +111,8 @@ static void rotate_and_cache(const Step *s, float *projected, const float *qk_no
         }
         for (long i = 0; i < q_width; i++) queries[r * q_width + i] = qkv[i];
         const float *key = qkv + q_width, *value = key + kv_width;
-        store_kv(s, s->k_cache, s->slots[r] * kv_width, key, kv_width);
-        store_kv(s, s->v_cache, s->slots[r] * kv_width, value, kv_width);
+        round_kv(key, s->k_cache, s->slots[r] * kv_width, kv_width, s->kv_format);
+        round_kv(value, s->v_cache, s->slots[r] * kv_width, kv_width, s->kv_format);
     }
 }
 

@@ -2,8 +2,9 @@
 #pragma once
 #include <immintrin.h>
 
-/* The KV cache's value formats, numbered as kernels/native_attention.py's CACHE_DTYPES. */
-enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+/* The KV cache's value formats, numbered as kernels/native_attention.py's CACHE_DTYPES
+ * (kv_formats.h reads and writes them). */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_E4M3 = 3, KV_E5M2 = 4 };
 /* The ISAs the kernels take, numbered as kernels/cpu_native.py's ISAS. */
 enum { ISA_AVX2 = 0, ISA_AVX_VNNI = 1, ISA_AVX512_VNNI = 2 };
 

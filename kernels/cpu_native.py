@@ -251,7 +251,8 @@ def amx_int8() -> bool:
 @functools.cache
 def amx_tiles() -> bool:
     """Whether attention over a bf16 cache can run on AMX-BF16 tiles here (attention_tiles.c)."""
-    return _amx({"amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512vl"})
+    return _amx({"amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl",
+                 "avx512vbmi"})  # fmt: skip
 
 
 def usable_isas() -> tuple[str, ...]:

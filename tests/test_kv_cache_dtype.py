@@ -87,31 +87,38 @@ def test_an_fp8_kv_cache_rounds_as_the_torch_path_does(dtype: torch.dtype) -> No
     assert torch.equal(out.view(torch.uint8), cache.view(torch.uint8).flatten())
 
 
-def _decode_rows() -> tuple[torch.Tensor, ...]:
+def _decode_rows(heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, ...]:
     """Enough decode rows of ragged lengths (4 a thread, and more) that their tiles take several
     KV heads; the first two share blocks."""
     rows = 4 * torch.get_num_threads() + 6
     generator = torch.Generator().manual_seed(5)
-    k_cache, v_cache = (torch.randn(rows * 8, 16, 3, 64, generator=generator) for _ in "kv")
+    k_cache, v_cache = (torch.randn(rows * 8, 16, kv_heads, dim, generator=generator) for _ in "kv")
     tables = torch.randperm(rows * 8, generator=generator).view(rows, 8)
     tables[1, :3] = tables[0, :3]
     lens = torch.randint(1, 128, (rows,), generator=generator)
-    return k_cache, v_cache, tables, lens, torch.randn(rows, 9, 64, generator=generator)
+    return k_cache, v_cache, tables, lens, torch.randn(rows, heads, dim, generator=generator)
 
 
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("tiles", [False, pytest.param(True, marks=amx)])
+# 96 dims: an odd count of 32-value slices a KV head
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (6, 2, 96)])
 def test_attention_over_an_fp8_cache_reads_its_values_exactly(
-    dtype: torch.dtype, tiles: bool
+    dtype: torch.dtype, tiles: bool, heads: int, kv_heads: int, dim: int
 ) -> None:
     """fp8 codes widen exactly: attention over an fp8 cache gets the bits it gets over the same
     values in bfloat16, on the tiles (which take bf16) and on the rows (which widen either to
     float32), for a prompt's rows beside a decode row, and for many decode rows. Values of every
-    magnitude the formats hold, subnormals among them."""
-    prompt = prompt_and_shared_prefix(9, 3, 64, torch.float32)
-    for keys, values, tables, lens, query in (prompt[:2] + prompt[3:], _decode_rows()):
+    magnitude the formats hold, subnormals among them, and every finite code in some places."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[codes.view(dtype).float().isfinite()].repeat(8)
+    prompt = prompt_and_shared_prefix(heads, kv_heads, dim, torch.float32)
+    rows = _decode_rows(heads, kv_heads, dim)
+    for keys, values, tables, lens, query in (prompt[:2] + prompt[3:], rows):
         magnitude = torch.exp2(torch.randint(-12, 6, keys.shape[:3]).float())[..., None]
         k_cache, v_cache = (keys * magnitude).to(dtype), (values * magnitude).to(dtype)
+        for cache in (k_cache, v_cache):
+            cache.view(torch.uint8).view(-1)[torch.randperm(cache.numel())[: len(codes)]] = codes
         plan = reference.plan_decode(tables, lens, 16)
         for window in (0, 40):
             got = native_attention.paged_decode_attention(

@@ -69,9 +69,7 @@ AMX static void score_chunk(const Tiles *a, const Group *g, const Rows *r, long 
             pitch = a->dim * 2;
         } else if (a->format != KV_BF16) { /* a decode row's 16 tokens as bf16, back from L1 */
             for (long j = 0; j < TILE; j++)
-                for (long i = 0; i < slices; i++)
-                    _mm512_store_si512(wide + (j * slices + i) * 32,
-                                       bf16_values(a, keys + j * stride + i * slice_bytes));
+                widen_run(a, keys + j * stride, slices, (__m512i *)(wide + j * slices * 32));
             keys = (const char *)wide, pitch = slices * 64;
         }
         for (long i = 0; i < slices; i++) {
@@ -203,8 +201,8 @@ AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache
                         long rows, long heads, long kv_heads, long dim, long block_size,
                         float scale, long window, float softcap) {
     Tiles a = {k_cache, v_cache, block_tables, seq_lens, width, heads, kv_heads, dim,
-               block_size, window, scale, softcap, NULL, NULL, heads / kv_heads, format,
-               fp8_subnormals(format)};
+               block_size, window, scale, softcap, NULL, NULL, heads / kv_heads, format};
+    if (format != KV_BF16) a.fp8 = fp8_tables(format);
     Group *groups = malloc(sizeof(Group) * rows);
     if (groups == NULL) return -1;
     const long count = group_rows(&a, rows, groups), chunk_size = dim * CHUNK;

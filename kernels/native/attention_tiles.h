@@ -8,8 +8,17 @@
 #include "amx.h"
 #include "kv_formats.h"
 
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define AMX \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16")))
 enum { TILE = 16, CHUNK = 32, DIMS_A_PASS = 64 }; /* rows a tile; keys a chunk; outputs a pass */
+/* An fp8 cache's codes as bf16, by table: each code's 7 magnitude bits look up its bf16's low
+ * byte and high byte (vpermi2b, 128 bytes in two registers each), the sign goes back in, and
+ * the bytes pair into words (vpunpck[lh]bw, which pair within 128-bit lanes: `keys` and
+ * `values` put a run's codes, or two runs' interleaved, where the pairing leaves them in turn). */
+typedef struct {
+    __m512i low[2], high[2], keys, values;
+} Fp8;
+
 typedef struct {
     const void *k_cache, *v_cache; /* bfloat16 or fp8 values (`format`) */
     const long *tables, *lens;
@@ -19,7 +28,7 @@ typedef struct {
     uint16_t *keys;   /* an fp8 cache's, widened (`widen_keys`): as `values`, [CHUNK][dim] */
     long per_head;    /* query heads a KV head */
     long format;      /* KV_BF16, KV_E4M3 or KV_E5M2 (simd.h) */
-    __m512i tiny;     /* an fp8 format's subnormals as bf16 (`fp8_subnormals`) */
+    Fp8 fp8;          /* an fp8 format's tables (`fp8_tables`) */
 } Tiles;
 
 /* Rows [first, first + rows) read the same blocks over tokens [begin, end), through `lead`'s

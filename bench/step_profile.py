@@ -56,9 +56,22 @@ class StepProfile:
         ]
 
 
-def run(rows: int, prompt_len: int, steps: int, dtype: str, products: str = "auto") -> StepProfile:
+def run(
+    rows: int,
+    prompt_len: int,
+    steps: int,
+    dtype: str,
+    products: str = "auto",
+    kv_cache_dtype: str = "auto",
+) -> StepProfile:
     engine = OfflineEngine(
-        build(RunnerConfig, dtype=dtype, max_num_seqs=rows, cpu_products=products),
+        build(
+            RunnerConfig,
+            dtype=dtype,
+            max_num_seqs=rows,
+            cpu_products=products,
+            kv_cache_dtype=kv_cache_dtype,
+        ),
         SchedulingConfig(max(SchedulingConfig().max_num_batched_tokens, rows * prompt_len)),
     )
     scheduler, runner = engine.scheduler, engine.runner

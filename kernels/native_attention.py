@@ -29,8 +29,8 @@ def paged_decode_attention(
     """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV,
     in any of `CACHE_DTYPES` (its last `window` tokens with a window; scores soft-capped where
     `softcap`); on `isa` (default the best), which changes the speed, never the bits. `tiles`
-    (default: where the CPU has them): a bfloat16 cache on AMX-BF16 tiles, bf16 products summed
-    in float32, so other bits than the rows' float32."""
+    (default: where the CPU has them): a bfloat16 or fp8 cache on AMX-BF16 tiles, bf16 products
+    summed in float32, so other bits than the rows' float32."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()

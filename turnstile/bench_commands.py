@@ -25,7 +25,9 @@ def step(args: argparse.Namespace) -> None:
     from turnstile.bench.step_profile import run
 
     for rows in args.rows:
-        profile = run(rows, args.prompt_len, args.steps, args.dtype, args.cpu_products)
+        profile = run(
+            rows, args.prompt_len, args.steps, args.dtype, args.cpu_products, args.kv_cache_dtype
+        )
         print("\n".join(profile.lines()))
 
 

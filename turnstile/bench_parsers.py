@@ -23,6 +23,8 @@ from turnstile.bench_commands import (
 )
 
 CPU_PRODUCTS = ("auto", "tiles", "blocks")  # --cpu-products, as the executor takes it
+# --kv-cache-dtype, as the executor takes it; the first four after auto are the tiles' caches
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "float16")
 
 
 def add_random_workload(command: argparse.ArgumentParser) -> None:
@@ -56,6 +58,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--steps", type=int, default=10, help="timed and profiled steps, each")
     command.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     command.add_argument("--cpu-products", default="auto", choices=CPU_PRODUCTS)
+    command.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     command.set_defaults(handler=step)
     command = bench.add_parser("serve", help="load an OpenAI-compatible server")
     command.add_argument("--url", default="http://127.0.0.1:8000")
@@ -132,8 +135,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "attention", help="a layer's attention over a bf16 cache: float32 rows, AMX tiles"
     )
     command.add_argument("--repeats", type=int, default=15)
-    command.add_argument("--kv-cache-dtype", default="bfloat16",
-                         choices=("bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"))  # fmt: skip
+    command.add_argument("--kv-cache-dtype", default="bfloat16", choices=KV_CACHE_DTYPES[1:5])
     command.set_defaults(handler=attention)
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")

@@ -1,7 +1,7 @@
 """The CPU backend on the native kernels (`kernels/native/*.c`, AVX2 and FMA): projections on
 weights packed in panels (GGUF blocks requantized for AMX-INT8 tiles where the CPU has them,
-`--cpu-products`), decode attention reading the paged cache in place (a bfloat16 one on
-AMX-BF16 tiles where the CPU has them, `--cpu-attention`), and whole decode layers in one call
+`--cpu-products`), decode attention reading the paged cache in place (a bfloat16 or fp8 one
+on AMX-BF16 tiles where the CPU has them, `--cpu-attention`), and whole decode layers in one call
 for steps of few tokens (`native_decode.py`). Prefill attention is the torch reference's, whose
 batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
 
@@ -41,8 +41,8 @@ NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
 
 def native_attention_for(tiles: bool) -> PagedAttention:
-    """Decode attention reads the paged cache in place (a bf16 one on AMX tiles where `tiles`);
-    KV writes and prefill stay the reference's."""
+    """Decode attention reads the paged cache in place (a bf16 or fp8 one on AMX tiles where
+    `tiles`); KV writes and prefill stay the reference's."""
     decode = functools.partial(native_attention.paged_decode_attention, tiles=tiles)
     return PagedAttention(reference.write_kv, decode, reference.paged_prefill_attention)
 

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
@@ -131,12 +132,11 @@ def _split_fused(weights: Weights, info: ModelInfo) -> Weights:
 
 
 def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
-    reader = gguf.GGUFReader(path)
-    arch = str(reader.fields["general.architecture"].contents())
+    arch, tensors = gguf_tensors(path)
     names = _hf_names(arch, info.num_layers)
     weights: Weights = {}
-    progress = LoadProgress(path.name, len(reader.tensors), "tensors")
-    for done, tensor in enumerate(reader.tensors):
+    progress = LoadProgress(path.name, len(tensors), "tensors")
+    for done, tensor in enumerate(tensors):
         progress.advance(done)
         if tensor.name in _ROPE_TENSORS:
             continue
@@ -159,7 +159,7 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
         elif arch in _PERMUTED and name.endswith(("k_proj.weight", "k_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_kv_heads)]
         weights[name] = value
-    progress.advance(len(reader.tensors))
+    progress.advance(len(tensors))
     return _split_fused(weights, info)
 
 

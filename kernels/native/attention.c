@@ -196,8 +196,9 @@ int paged_decode_attention(const float *q, const void *k_cache, const void *v_ca
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
                            float scale, long window, float softcap, long isa, long tiles) {
-    const int bf16 = kv_format == KV_BF16 || kv_format >= KV_E4M3; /* fp8 widens exactly */
-    if (tiles && bf16 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
+    /* The tiles take bf16, and fp8 widened to it exactly. */
+    const int tiled = kv_format == KV_BF16 || kv_format == KV_E4M3 || kv_format == KV_E5M2;
+    if (tiles && tiled && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
         return tiled_attention(q, k_cache, v_cache, kv_format, block_tables, width, seq_lens,
                                out, rows, heads, kv_heads, dim, block_size, scale, window,
                                softcap);

@@ -1,5 +1,7 @@
 /* Paged attention for a bfloat16 cache on AMX-BF16 tiles: 16 query rows (the query heads of a
- * KV head, token by token) against chunks of 32 keys, products of bf16 pairs summed in fp32.
+ * KV head, token by token) against chunks of 32 keys, products of bf16 pairs summed in fp32. An
+ * fp8 cache's codes are widened to bf16 exactly as they are read (attention_packing.h), so they
+ * take the same tiles and get the bits of a bf16 cache holding their values.
  *
  * Scores are computed transposed, keys x rows, so that the keys are A tiles read from the cache
  * in place (16 tokens of a block, a row of the tile each) and a row's softmax runs down a

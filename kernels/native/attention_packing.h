@@ -41,7 +41,10 @@ AMX static Fp8 fp8_tables(long format) {
         memcpy(&u, &v, 4);
         low[m] = (uint8_t)(u >> 16), high[m] = (uint8_t)(u >> 24); /* exact: few mantissa bits */
     }
-    for (int p = 0; p < 64; p++) { /* the code unpacking pairs to place p, natural place q */
+    /* Unpacking pairs the low bytes, then the high bytes, of each 128-bit lane: byte p lands in
+     * word q. `keys` moves a run's code q to p; `values` the q-th code of two 32-code runs
+     * interleaved (the first's q / 2 for even q, the second's for odd). */
+    for (int p = 0; p < 64; p++) {
         const int q = p % 16 < 8 ? p / 16 * 8 + p % 16 : 32 + p / 16 * 8 + p % 16 - 8;
         keys[p] = (uint8_t)q, values[p] = (uint8_t)(q % 2 * 32 + q / 2);
     }

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from turnstile.bench.timing import median_ms
+from turnstile.executor_svc.cpu_runtime import keep_freed_memory
 from turnstile.kernels import cpu_native, native_attention, reference
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 
@@ -54,7 +55,10 @@ def _inputs(
 def measure(
     repeats: int = 15, cache_dtype: torch.dtype = torch.bfloat16
 ) -> dict[str, dict[str, float]]:
-    """Per case, per path ("rows", and "tiles" where the CPU has them): ms a layer (median)."""
+    """Per case, per path ("rows", and "tiles" where the CPU has them): ms a layer (median).
+    The executor's heap settings: without them each call's buffers page-fault afresh, and a
+    case could take 75-86 ms where it takes 42-45 (docs/benchmarks.md)."""
+    keep_freed_memory()
     paths = {"rows": False, **({"tiles": True} if cpu_native.amx_tiles() else {})}
     depth = read_model_info(embedded_model_path()).num_layers
     generator = torch.Generator().manual_seed(0)

@@ -113,12 +113,14 @@ def test_attention_over_an_fp8_cache_reads_its_values_exactly(
     codes = torch.arange(256, dtype=torch.uint8)
     codes = codes[codes.view(dtype).float().isfinite()].repeat(8)
     prompt = prompt_and_shared_prefix(heads, kv_heads, dim, torch.float32)
-    rows = _decode_rows(heads, kv_heads, dim)
+    rows, generator = _decode_rows(heads, kv_heads, dim), torch.Generator().manual_seed(11)
     for keys, values, tables, lens, query in (prompt[:2] + prompt[3:], rows):
-        magnitude = torch.exp2(torch.randint(-12, 6, keys.shape[:3]).float())[..., None]
+        exponents = torch.randint(-12, 6, keys.shape[:3], generator=generator)
+        magnitude = torch.exp2(exponents.float())[..., None]
         k_cache, v_cache = (keys * magnitude).to(dtype), (values * magnitude).to(dtype)
         for cache in (k_cache, v_cache):
-            cache.view(torch.uint8).view(-1)[torch.randperm(cache.numel())[: len(codes)]] = codes
+            places = torch.randperm(cache.numel(), generator=generator)[: len(codes)]
+            cache.view(torch.uint8).view(-1)[places] = codes
         plan = reference.plan_decode(tables, lens, 16)
         for window in (0, 40):
             got = native_attention.paged_decode_attention(

@@ -1,7 +1,8 @@
 /* The KV cache's formats (simd.h's KV_*), read back as float32 and written from it
  * (kv_formats.c). Every read is exact: a 16-bit value is float16 or bfloat16's bits, and an
  * 8-bit one's are float16's shifted: e5m2 is a float16's top byte, and e4m3's exponent and
- * mantissa, 7 places up, make a float16 of 2^-8 times its value (subnormals too). */
+ * mantissa, 7 places up, make a float16 of 2^-8 times its value (subnormals too; e4m3's NaN
+ * code, which only a NaN stores, reads as 480). */
 #pragma once
 #include <stdint.h>
 

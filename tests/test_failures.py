@@ -37,10 +37,12 @@ def kill_child(server: Server, service: str) -> None:
     os.kill(server.service(service).pid, signal.SIGKILL)
 
 
-async def stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[str, list]:
+async def stream(
+    session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int = 256
+) -> tuple[str, list]:
     """The streamed text and any error events; (text, [status]) if refused outright."""
-    # Long enough to be under way when the fault comes 1.5 s in, however fast a step is.
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 256, "temperature": 0,
+    # 256: long enough to be under way when the fault comes 1.5 s in, however fast a step is.
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:
@@ -58,10 +60,10 @@ async def stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple
         return "".join(text), errors
 
 
-async def run_with_fault(url: str, kill: Callable[[], None] | None) -> list:
+async def run_with_fault(url: str, kill: Callable[[], None] | None, max_tokens: int = 256) -> list:
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        tasks = [asyncio.create_task(stream(session, url, p)) for p in PROMPTS]
+        tasks = [asyncio.create_task(stream(session, url, p, max_tokens)) for p in PROMPTS]
         if kill is not None:
             await asyncio.sleep(1.5)  # the streams are under way
             kill()
@@ -190,13 +192,17 @@ def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(mod
     env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(poison_token)}
     flags = ["--num-blocks", "256", "--max-num-seqs", "8", *MODES[mode]]
     with launched_server(*flags, env=env) as server:
-        undisturbed = asyncio.run(run_with_fault(server.url, None))
+        # Shorter streams than the other faults': each suspect then runs alone to its end.
+        undisturbed = asyncio.run(run_with_fault(server.url, None, max_tokens=128))
 
         async def poison_beside_streams() -> tuple[list, int, dict]:
             timeout = aiohttp.ClientTimeout(total=180)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                streams = [asyncio.create_task(stream(session, server.url, p)) for p in PROMPTS]
-                await asyncio.sleep(1.0)
+                streams = [
+                    asyncio.create_task(stream(session, server.url, p, max_tokens=128))
+                    for p in PROMPTS
+                ]
+                await asyncio.sleep(0.5)
                 body = {"model": MODEL, "prompt": [1, 2, poison_token], "max_tokens": 4}
                 async with session.post(f"{server.url}/v1/completions", json=body) as response:
                     status, error = response.status, (await response.json())["error"]
@@ -206,6 +212,8 @@ def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(mod
         assert status == 500 and error["type"] == "server_error"
         assert "failed twice" in error["message"] and "injected fault" in error["message"]
         assert disturbed == undisturbed  # the other requests finished, recomputed exactly
+        # ... and were under way when the poison felled their executor (else this proves less)
+        assert server.scrape()["turnstile:num_preemptions_total"] >= len(PROMPTS)
         assert server.process.poll() is None  # the service is still up, and answers
         deadline = time.monotonic() + 60
         while not healthy(server.url):  # once the executor the poison felled is back

@@ -121,7 +121,13 @@ class ModelRunner:
             return tokens[: table.num_prompt[slot]], tokens[table.num_prompt[slot] :]
 
         adjusting = np.flatnonzero(self.applier.adjusts[rows])
-        sampling = SamplingArrays.build(params, output_index, self._rng, history, adjusting)  # type: ignore[arg-type]
+        sampling = SamplingArrays.build(
+            params,  # type: ignore[arg-type]  # every row in a step has its parameters
+            output_index,
+            self._rng,
+            history,
+            adjusting,
+        )
         if self.applier.wants_prompt_logprobs:
             sampling.prompt = PromptPositions.build(inputs, table, self.applier.sampling)
         return self.backend.upload(inputs, sampling, carry)

@@ -1,5 +1,6 @@
 """The native CPU kernels' build (kernels/cpu_native.py): it happens here, is cached by the
-sources' digest, and keeps what the sources ask of the compiler."""
+sources' digest, keeps what the sources ask of the compiler, and is None (the torch kernels
+then) without a compiler or where it fails."""
 
 from __future__ import annotations
 
@@ -61,3 +62,22 @@ def test_every_source_that_prefetches_still_does_once_compiled(tmp_path: Path) -
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         assert re.search(r"\sprefetch(t0|t1|t2|nta)\s", code), source.name
+
+
+@pytest.mark.slow
+def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))  # nothing built here yet
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(cpu_native.shutil, "which", lambda _: None)
+            cpu_native.library.cache_clear()
+            assert cpu_native.library() is None
+        assert "no C compiler" in caplog.text
+        monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-fno-such-flag"])
+        cpu_native.library.cache_clear()
+        assert cpu_native.library() is None
+        assert "failed to build" in caplog.text and "no-such-flag" in caplog.text
+    finally:
+        cpu_native.library.cache_clear()  # the next caller gets the real build again

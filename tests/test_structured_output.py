@@ -42,21 +42,12 @@ class Chef(BaseModel):
     dishes: list[Annotated[str, Field(max_length=30)]] = Field(min_length=1, max_length=3)
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 30},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+        "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]},
+    }},
+}}  # fmt: skip
 WeatherArgs = create_model(
     "WeatherArgs", city=(str, ...), unit=(str, Field(pattern="^(celsius|fahrenheit)$"))
 )

@@ -156,9 +156,10 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
         const __m256 inverse = _mm256_set1_ps(1.0f / total);
         for (long d = 0; d < dim; d += 8) {
             __m256 sum = _mm256_setzero_ps();
-            for (long i = 0; i < count; i++)
-                sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_set1_ps(factor[i]),
-                                                       _mm256_loadu_ps(parts[i].out + h * dim + d)));
+            for (long i = 0; i < count; i++) {
+                const __m256 part = _mm256_loadu_ps(parts[i].out + h * dim + d);
+                sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_set1_ps(factor[i]), part));
+            }
             _mm256_storeu_ps(out + d, _mm256_mul_ps(sum, inverse));
         }
     }

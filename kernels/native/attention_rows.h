@@ -16,7 +16,8 @@ static float softmax_numerators(float *s, long len, float scale, float *top_out)
     const float top = max_lanes(most);
     __m256 sum = _mm256_setzero_ps(), shift = _mm256_set1_ps(top), factor = _mm256_set1_ps(scale);
     for (long t = 0; t < padded; t += 8) {
-        __m256 e = exp_negative(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift), factor));
+        const __m256 shifted = _mm256_sub_ps(_mm256_loadu_ps(s + t), shift);
+        __m256 e = exp_negative(_mm256_mul_ps(shifted, factor));
         _mm256_storeu_ps(s + t, e);
         sum = _mm256_add_ps(sum, e);
     }

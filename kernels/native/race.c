@@ -51,14 +51,15 @@ static long race_row(const float *p, long n, uint32_t seed) {
     const __m256 half = _mm256_set1_ps(0.5f), scale = _mm256_set1_ps(0x1p-23f);
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256i step = _mm256_set1_epi32((int)(8u * GOLDEN));
-    __m256i x = _mm256_add_epi32(
-        _mm256_set1_epi32((int)seed),
-        _mm256_mullo_epi32(_mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8), _mm256_set1_epi32((int)GOLDEN)));
+    const __m256i lanes = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8);
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32((int)seed),
+                                 _mm256_mullo_epi32(lanes, _mm256_set1_epi32((int)GOLDEN)));
     long i = 0;
     for (; i + 8 <= n; i += 8, x = _mm256_add_epi32(x, step)) {
         const __m256i bits = _mm256_srli_epi32(mix8(x), 9);
         const __m256 u = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(bits), half), scale);
-        const __m256 bound = _mm256_mul_ps(_mm256_set1_ps(lead.key * MARGIN), _mm256_sub_ps(one, u));
+        const __m256 margin = _mm256_set1_ps(lead.key * MARGIN);
+        const __m256 bound = _mm256_mul_ps(margin, _mm256_sub_ps(one, u));
         int passed = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + i), bound, _CMP_GT_OQ));
         for (; passed; passed &= passed - 1) enter(&lead, p, seed, i + __builtin_ctz(passed));
     }

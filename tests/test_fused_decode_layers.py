@@ -1,0 +1,81 @@
+"""The cpu backend's fused decode layers (decode_layer.c, one call a layer) against the same
+backend's model layers, on every route a step can take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turnstile.executor_svc import step_layout
+from turnstile.executor_svc.backend import Backend
+from turnstile.executor_svc.backends.native_decode import NativeDecode
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.step_layout import SHORT_PREFILL_TOKENS
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.settings import build
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype"),
+    [("float32", "auto"), ("bfloat16", "auto"), ("float32", "bfloat16")],
+)
+@pytest.mark.parametrize("short_prefill_tokens", [SHORT_PREFILL_TOKENS, 0])
+def test_fused_decode_layers_generate_what_the_torch_layers_generate(
+    dtype: str, kv_cache_dtype: str, short_prefill_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded model through decode_layer.c (one call a layer, where the route allows)
+    against the same backend and weights through the model's layer code. A 16-token budget chunks
+    the 40-token prompt while the others decode, so steps mix prefill and decode rows; with
+    short prefills allowed, every token of them is a row of the fused layers, else the prefill
+    rows take the model's layers beside."""
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.protocol import AddRequest, pack_ids
+
+    monkeypatch.setattr(step_layout, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
+    prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1040)), [1, 2, 3]]
+    outputs = {}
+    routes: dict[str, set[str]] = {}
+    for run in ("fused", "unfused"):
+        with monkeypatch.context() as patch:
+            if run == "unfused":
+                patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
+            engine = OfflineEngine(
+                build(
+                    RunnerConfig,
+                    dtype=dtype,
+                    kv_cache_dtype=kv_cache_dtype,
+                    num_blocks=32,
+                    max_num_seqs=4,
+                ),
+                SchedulingConfig(max_num_batched_tokens=16),
+            )
+        assert engine.runner.backend.name == "cpu"
+        # auto: the activations' dtype, float32 on the cpu backend
+        kv_dtype = torch.bfloat16 if kv_cache_dtype == "bfloat16" else torch.float32
+        assert engine.runner.kv_dtype == kv_dtype
+        routes[run] = _record_routes(monkeypatch, engine.runner.backend)
+        requests = [
+            AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=12, ignore_eos=True)
+            for i, p in enumerate(prompts)
+        ]
+        outputs[run] = [result.token_ids for result in engine.generate(requests)]
+    assert outputs["fused"] == outputs["unfused"]
+    assert all(len(tokens) == 12 for tokens in outputs["fused"])
+    assert routes["unfused"] == {"layers"}
+    expected = {"fused"} if short_prefill_tokens else {"layers", "split", "fused"}
+    assert routes["fused"] == expected
+
+
+def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str]:
+    """The route of every step the backend runs."""
+    seen: set[str] = set()
+    route = backend.route
+
+    def recording_route(*args: object) -> object:
+        chosen = route(*args)  # type: ignore[arg-type]
+        seen.add(chosen.value)
+        return chosen
+
+    monkeypatch.setattr(backend, "route", recording_route)
+    return seen

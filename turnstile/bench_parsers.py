@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 from turnstile.bench_commands import (
     attention,
@@ -21,10 +22,17 @@ from turnstile.bench_commands import (
     startup,
     step,
 )
+from turnstile.executor_svc.runner_config import ExecutorConfig
 
-CPU_PRODUCTS = ("auto", "tiles", "blocks")  # --cpu-products, as the executor takes it
-# --kv-cache-dtype, as the executor takes it; the first four after auto are the tiles' caches
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "float16")
+
+def executor_choices(name: str) -> tuple[str, ...]:
+    """An executor setting's choices, as `turnstile serve` takes them."""
+    return typing.get_args(typing.get_type_hints(ExecutorConfig)[name])
+
+
+CPU_PRODUCTS = executor_choices("cpu_products")
+KV_CACHE_DTYPES = executor_choices("kv_cache_dtype")
+TILES_CACHES = ("bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")  # the caches AMX tiles read
 
 
 def add_random_workload(command: argparse.ArgumentParser) -> None:
@@ -135,7 +143,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "attention", help="a layer's attention over a bf16 cache: float32 rows, AMX tiles"
     )
     command.add_argument("--repeats", type=int, default=15)
-    command.add_argument("--kv-cache-dtype", default="bfloat16", choices=KV_CACHE_DTYPES[1:5])
+    command.add_argument("--kv-cache-dtype", default="bfloat16", choices=TILES_CACHES)
     command.set_defaults(handler=attention)
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")

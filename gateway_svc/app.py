@@ -24,6 +24,7 @@ from turnstile.gateway_svc.openai_api import (
     hidden_token_ids,
     parse,
     prompts_of,
+    truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
@@ -151,6 +152,7 @@ class Gateway:
         prompts = await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, prompts_of, request, self.tokenizer
         )
+        prompts = truncated(prompts, request, self.max_model_len)
         status = self.engine.status
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
         defaults = self.sampling_defaults
@@ -181,6 +183,9 @@ class Gateway:
                 choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices, echo)
         shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
+        shape.tokens_as_ids = request.return_tokens_as_token_ids
+        if request.return_token_ids:
+            shape.prompt_ids = [ids for ids in prompts for _ in range(n)]
         if tools is not None:
             shape.calls = CallReaders(tools, self.tool_parser, request)  # type: ignore[arg-type]
         try:

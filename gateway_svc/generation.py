@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -43,12 +43,13 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 
 @dataclass(slots=True)
 class Piece:
-    """Text of choice `index` that became safe to send, with its tokens' logprobs."""
+    """Text of choice `index` that became safe to send, with its tokens' logprobs and ids."""
 
     index: int
     text: str
     logprobs: Logprobs
     finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
 
 
 class Choice:
@@ -146,6 +147,7 @@ class Generation:
             self._pieces.put_nowait(Piece(choice.index, echo, []))
         choice.stream = stream = self.engine.submit(message)
         entries: Logprobs = []
+        tokens: list[int] = []  # since the last piece, the stop tokens among them
         text = choice.text
         while True:
             event = await stream.events.get()
@@ -169,9 +171,10 @@ class Generation:
                     raise ApiError(status, event.error, kind, headers=headers, param=param)
                 finish = "stop" if event.reason == "stop" else event.reason
                 choice.cached_tokens = event.cached_tokens
-                self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish))
+                self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish, tokens))
                 return
             choice.token()
+            tokens.append(event.token_id)
             if event.logprobs:
                 entries.append(event.logprobs)
             piece = "" if event.token_id in choice.hidden else text.add(event.token_id)
@@ -180,11 +183,11 @@ class Generation:
                 while not isinstance(end := await stream.events.get(), End):
                     pass  # tokens computed before the scheduler saw the stop
                 choice.cached_tokens = end.cached_tokens
-                self._pieces.put_nowait(Piece(choice.index, piece, entries, "stop"))
+                self._pieces.put_nowait(Piece(choice.index, piece, entries, "stop", tokens))
                 return
             if piece:
-                self._pieces.put_nowait(Piece(choice.index, piece, entries))
-                entries = []
+                self._pieces.put_nowait(Piece(choice.index, piece, entries, token_ids=tokens))
+                entries, tokens = [], []
 
 
 def sibling_request(message: AddRequest, offset: int) -> AddRequest:
@@ -203,17 +206,19 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
     count = len(generation.choices)
     texts: list[list[str]] = [[] for _ in range(count)]
     entries: list[Logprobs] = [[] for _ in range(count)]
+    token_ids: list[list[int]] = [[] for _ in range(count)]
     finish = ["stop"] * count
     async for piece in generation.pieces():
         texts[piece.index].append(piece.text)
         entries[piece.index] += piece.logprobs
+        token_ids[piece.index] += piece.token_ids
         finish[piece.index] = piece.finish_reason or finish[piece.index]
     choices = []
     for i in range(count):
         text, calls, reason = "".join(texts[i]), [], finish[i]
         if shape.calls is not None:
             text, calls, reason = shape.calls[i].whole(text, reason)
-        choices.append((text, reason, shape.logprobs(entries[i], 0), calls))
+        choices.append((text, reason, shape.logprobs(entries[i], 0), calls, token_ids[i]))
     prompts = [shape.prompt_logprobs(c.prompt_logprobs) for c in generation.choices]
     body = shape.whole(choices, generation.usage(), prompts)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
@@ -231,6 +236,7 @@ async def answer_stream(
     await response.prepare(http)
     offsets = [0] * len(generation.choices)
     started = [False] * len(generation.choices)
+    token_ids: list[list[int]] = [[] for _ in generation.choices]  # not sent yet
     try:
         while piece is not None:
             i, text, calls, reason = piece.index, piece.text, [], piece.finish_reason
@@ -239,8 +245,12 @@ async def answer_stream(
             logprobs = shape.logprobs(piece.logprobs, offsets[i])
             offsets[i] += len(text)
             usage = generation.usage() if options and options.continuous_usage_stats else None
+            token_ids[i] += piece.token_ids
             if text or calls or reason or logprobs or not started[i]:
-                chunk = shape.chunk(i, text, reason, logprobs, not started[i], usage, calls)
+                chunk = shape.chunk(
+                    i, text, reason, logprobs, not started[i], usage, calls, token_ids[i]
+                )
+                token_ids[i] = []
                 started[i] = True
                 await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
             piece = await anext(pieces, None)

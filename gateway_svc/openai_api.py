@@ -122,6 +122,21 @@ def prompts_of(request: Request, tokenizer: Tokenizer) -> list[list[int]]:
     return prompts
 
 
+def truncated(prompts: list[list[int]], request: Request, max_model_len: int) -> list[list[int]]:
+    """vLLM's `truncate_prompt_tokens`: each prompt's last k tokens (-1: the context's length)."""
+    keep = request.truncate_prompt_tokens
+    if keep is None:
+        return prompts
+    if keep > max_model_len:
+        raise ApiError(
+            400, f"truncate_prompt_tokens ({keep}) is greater than max_model_len "
+            f"({max_model_len}): select a smaller truncation size",
+            param="truncate_prompt_tokens",
+        )  # fmt: skip
+    keep = max_model_len if keep == -1 else keep
+    return [ids[-keep:] for ids in prompts]
+
+
 def hidden_token_ids(request: Request, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
     """The tokens that end a request and whose text is not shown (as vLLM, unless
     include_stop_str_in_output)."""

@@ -73,7 +73,6 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "best_of": (1,),
         "use_beam_search": (False,),
         "length_penalty": (1.0,),
-        "truncate_prompt_tokens": (),
         "store": (False,),
     }
 
@@ -107,7 +106,10 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     best_of: refused("1") = None
     use_beam_search: refused("false") = None
     length_penalty: refused("1") = None
-    truncate_prompt_tokens: refused("null") = None
+    # vLLM's: each prompt's last k tokens (the chat's as templated); -1: the context's length
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
     prompt_logprobs: Logprobs | None = None  # vLLM's: each prompt token's logprob, top N
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -126,6 +128,9 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """What the types cannot say."""
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
+        if self.truncate_prompt_tokens == 0:
+            raise ApiError(400, "truncate_prompt_tokens must be -1 (the context's length) or "
+                           "at least 1", param="truncate_prompt_tokens")  # fmt: skip
         if self.prompt_logprobs is not None and self.stream:
             raise ApiError(400, "prompt_logprobs is answered whole, not streamed",
                            code="unsupported_parameter", param="prompt_logprobs")  # fmt: skip
@@ -146,7 +151,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class CompletionRequest(_Sampling, kw_only=True):
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_Sampling.REFUSED, "suffix": ("",), "return_tokens_as_token_ids": (False,)
+        **_Sampling.REFUSED, "suffix": ("",)
     }  # fmt: skip
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's and vLLM's, for completions
 
@@ -154,7 +159,6 @@ class CompletionRequest(_Sampling, kw_only=True):
     logprobs: Logprobs | None = None
     echo: bool = False  # the prompt's text before each choice's
     suffix: refused("null") = None
-    return_tokens_as_token_ids: refused("false") = None
     add_special_tokens: bool = True  # the tokenizer's BOS, as vLLM
 
     def check(self) -> None:

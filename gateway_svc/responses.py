@@ -20,6 +20,9 @@ class ResponseShape:
         self.created = int(time.time())
         self.tokenizer = tokenizer
         self.calls: CallReaders | None = None  # a chat with tools: each choice's calls
+        self.tokens_as_ids = False  # return_tokens_as_token_ids: logprobs name "token_id:N"
+        # return_token_ids (vLLM's): each choice's prompt ids, and its tokens' ids beside text
+        self.prompt_ids: list[list[int]] | None = None
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -41,8 +44,14 @@ class ResponseShape:
         logprobs: Any,
         delta: dict[str, Any] | None = None,
         calls: list[dict[str, Any]] | None = None,
+        token_ids: list[int] | None = None,
+        first: bool = True,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
+        if self.prompt_ids is not None:
+            choice["token_ids"] = token_ids or []
+            if first and not self.chat:
+                choice["prompt_token_ids"] = self.prompt_ids[index]
         if not self.chat:
             choice["text"] = text
         elif delta is not None:
@@ -62,15 +71,20 @@ class ResponseShape:
         first: bool = False,
         usage: dict[str, Any] | None = None,
         calls: list[dict[str, Any]] | None = None,
+        token_ids: list[int] | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice `index`; a chat's first one also names the role.
-        `usage`: the counts so far (vLLM's continuous_usage_stats); `calls`: tool call deltas."""
+        `usage`: the counts so far (vLLM's continuous_usage_stats); `calls`: tool call deltas;
+        `token_ids`: the ids of the chunk's tokens."""
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text or not calls:
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
-        body = self._envelope([self._choice(index, text, finish_reason, logprobs, delta)], True)
+        choice = self._choice(index, text, finish_reason, logprobs, delta, None, token_ids, first)
+        body = self._envelope([choice], True)
+        if first and self.chat and self.prompt_ids is not None:
+            body["prompt_token_ids"] = self.prompt_ids[index]
         return body | {"usage": usage} if usage is not None else body
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
@@ -80,17 +94,17 @@ class ResponseShape:
 
     def whole(
         self,
-        choices: list[tuple[str, str, Any, list[dict[str, Any]]]],
+        choices: list[tuple[str, str, Any, list[dict[str, Any]], list[int]]],
         usage: dict[str, Any],
         prompt_logprobs: list[Any] | None = None,
     ) -> dict[str, Any]:
-        """The response of every choice, each (text, finish_reason, logprobs, tool calls), in
-        index order;
+        """The response of every choice, each (text, finish_reason, logprobs, tool calls, token
+        ids), in index order;
         `prompt_logprobs` (vLLM's, where asked): per choice for completions, the first
         prompt's for a chat, at the top."""
         listed = [
-            self._choice(index, text, finish, logprobs, calls=calls)
-            for index, (text, finish, logprobs, calls) in enumerate(choices)
+            self._choice(index, text, finish, logprobs, calls=calls, token_ids=ids)
+            for index, (text, finish, logprobs, calls, ids) in enumerate(choices)
         ]
         asked = bool(prompt_logprobs) and prompt_logprobs[0] is not None
         if asked and not self.chat:
@@ -99,6 +113,8 @@ class ResponseShape:
         body = self._envelope(listed, chunk=False)
         if asked and self.chat:
             body["prompt_logprobs"] = prompt_logprobs[0]
+        if self.chat and self.prompt_ids is not None:
+            body["prompt_token_ids"] = self.prompt_ids[0]
         body["usage"] = usage
         return body
 
@@ -127,33 +143,29 @@ class ResponseShape:
         if not entries:
             return None
         text_of = self.tokenizer.decode
+        name = (lambda t: f"token_id:{t}") if self.tokens_as_ids else (lambda t: text_of([t]))
         if self.chat:
             return {
                 "content": [
                     {
-                        "token": text_of([token]),
+                        "token": name(token),
                         "logprob": logprob,
                         "bytes": list(text_of([token]).encode()),
                         "top_logprobs": [
-                            {
-                                "token": text_of([t]),
-                                "logprob": lp,
-                                "bytes": list(text_of([t]).encode()),
-                            }
+                            {"token": name(t), "logprob": lp, "bytes": list(text_of([t]).encode())}
                             for t, lp in top
                         ],
                     }
                     for (token, logprob), *top in entries
                 ]
             }
-        tokens = [text_of([entry[0][0]]) for entry in entries]
         offsets = []
-        for token in tokens:
+        for (token, _), *_top in entries:  # where each token's text starts in the answer
             offsets.append(offset)
-            offset += len(token)
+            offset += len(text_of([token]))
         return {
-            "tokens": tokens,
+            "tokens": [name(entry[0][0]) for entry in entries],
             "token_logprobs": [entry[0][1] for entry in entries],
-            "top_logprobs": [{text_of([t]): lp for t, lp in entry[1:]} for entry in entries],
+            "top_logprobs": [{name(t): lp for t, lp in entry[1:]} for entry in entries],
             "text_offset": offsets,
         }

@@ -50,7 +50,9 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "best_of": ({"best_of": 2}, REFUSED),
     "use_beam_search": ({"use_beam_search": True}, REFUSED),
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
-    "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, REFUSED),
+    "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, OK),
+    "return_token_ids": ({"return_token_ids": True}, OK),
+    "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, OK),
     "prompt_logprobs": ({"prompt_logprobs": 1}, OK),
     "response_format": ({"response_format": {"type": "json_object"}}, OK),
     "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, OK),
@@ -70,7 +72,6 @@ COMPLETIONS = COMMON | {
     "logprobs": ({"logprobs": 2}, OK),
     "echo": ({"echo": True}, OK),
     "suffix": ({"suffix": "end"}, REFUSED),
-    "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, REFUSED),
     "add_special_tokens": ({"add_special_tokens": False}, OK),
 }
 CHAT = COMMON | {

@@ -179,9 +179,11 @@ class Gateway:
             choices = [
                 Choice(p * n + j, request, self.tokenizer, hidden, arrival) for j in range(n)
             ]
-            if request.prompt_logprobs is not None:  # the first choice brings them
+            for choice in choices:
+                choice.echo, choice.prompt_ids = echo, ids
+            if request.prompt_top is not None:  # the first choice brings them
                 choices[0].prompt_logprobs = [None] * len(ids)
-            generation.start(message, choices, echo)
+            generation.start(message, choices)
         shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
         shape.tokens_as_ids = request.return_tokens_as_token_ids
         if request.return_token_ids:

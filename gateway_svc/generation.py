@@ -65,12 +65,16 @@ class Choice:
             request.include_stop_str_in_output,
         )
         self.hidden = hidden  # stop tokens, whose text is not shown
+        self.echo = ""  # text it starts with (the prompt, for completions' `echo`)
+        # completions' max_tokens 0 with echo: the prompt alone, its one computed token unsaid
+        self.silent = isinstance(request, CompletionRequest) and request.max_tokens == 0
         self.stream: RequestStream | None = None
         self.tokens = 0
         self.cached_tokens = 0
-        # Per prompt position, where asked: ([(token, logprob), top N...], rank); the first
-        # has none, as in vLLM.
+        # Per prompt position, where asked (a prompt's first choice brings them): ([(token,
+        # logprob), top N...], rank); the first has none, as in vLLM.
         self.prompt_logprobs: list[tuple[list[tuple[int, float]], int] | None] = []
+        self.prompt_ids: list[int] = []
         self._last = arrival
 
     def token(self) -> None:
@@ -97,12 +101,11 @@ class Generation:
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self, message: AddRequest, choices: list[Choice], echo: str = "") -> None:
-        """Run `message` as `choices`, the first alone until its prompt is computed. `echo`:
-        text each choice starts with (the prompt, for completions' `echo`)."""
+    def start(self, message: AddRequest, choices: list[Choice]) -> None:
+        """Run `message` as `choices`, the first alone until its prompt is computed."""
         self.choices += choices
         self._tasks.append(asyncio.get_running_loop().create_task(
-            self._run(message, choices[0], choices[1:], echo)
+            self._run(message, choices[0], choices[1:])
         ))  # fmt: skip
 
     def close(self) -> None:
@@ -134,17 +137,15 @@ class Generation:
             open_choices -= piece.finish_reason is not None
             yield piece
 
-    async def _run(self, message: AddRequest, first: Choice, rest: list[Choice], echo: str) -> None:
+    async def _run(self, message: AddRequest, first: Choice, rest: list[Choice]) -> None:
         try:
-            await self._pump(first, message, echo, rest)
+            await self._pump(first, message, rest)
         except ApiError as exc:
             self._pieces.put_nowait(exc)
 
-    async def _pump(
-        self, choice: Choice, message: AddRequest, echo: str, siblings: list[Choice]
-    ) -> None:
-        if echo:
-            self._pieces.put_nowait(Piece(choice.index, echo, []))
+    async def _pump(self, choice: Choice, message: AddRequest, siblings: list[Choice]) -> None:
+        if choice.echo:
+            self._pieces.put_nowait(Piece(choice.index, choice.echo, []))
         choice.stream = stream = self.engine.submit(message)
         entries: Logprobs = []
         tokens: list[int] = []  # since the last piece, the stop tokens among them
@@ -156,7 +157,7 @@ class Generation:
                 # The prompt is computed: the other choices start on its cached blocks.
                 for offset, sibling in enumerate(siblings, start=1):
                     self._tasks.append(asyncio.get_running_loop().create_task(
-                        self._run(sibling_request(message, offset), sibling, [], echo)
+                        self._run(sibling_request(message, offset), sibling, [])
                     ))  # fmt: skip
                 siblings = []
             if isinstance(event, PromptEntries):
@@ -173,6 +174,8 @@ class Generation:
                 choice.cached_tokens = event.cached_tokens
                 self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish, tokens))
                 return
+            if choice.silent:
+                continue
             choice.token()
             tokens.append(event.token_id)
             if event.logprobs:
@@ -213,14 +216,20 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
         entries[piece.index] += piece.logprobs
         token_ids[piece.index] += piece.token_ids
         finish[piece.index] = piece.finish_reason or finish[piece.index]
-    choices = []
-    for i in range(count):
+    choices, request = [], generation.request
+    for i, choice in enumerate(generation.choices):
         text, calls, reason = "".join(texts[i]), [], finish[i]
         if shape.calls is not None:
             text, calls, reason = shape.calls[i].whole(text, reason)
-        choices.append((text, reason, shape.logprobs(entries[i], 0), calls, token_ids[i]))
-    prompts = [shape.prompt_logprobs(c.prompt_logprobs) for c in generation.choices]
-    body = shape.whole(choices, generation.usage(), prompts)
+        logprobs = shape.logprobs(entries[i], len(choice.echo))
+        if choice.echo and isinstance(request, CompletionRequest) and request.logprobs is not None:
+            first = generation.choices[i - i % generation.n]  # its prompt's, which brought them
+            prompt = shape.echo_logprobs(first.prompt_ids, first.prompt_logprobs, request.logprobs)
+            logprobs = prompt if logprobs is None else {k: prompt[k] + logprobs[k] for k in prompt}
+        choices.append((text, reason, logprobs, calls, token_ids[i]))
+    top = request.prompt_logprobs
+    prompts = [shape.prompt_logprobs(c.prompt_logprobs, top) for c in generation.choices]
+    body = shape.whole(choices, generation.usage(), prompts if top is not None else None)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 

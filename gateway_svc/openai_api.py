@@ -177,6 +177,8 @@ def engine_request(
             code="context_length_exceeded",
             param="max_tokens" if room >= 1 else "messages" if chat else "prompt",
         )
+    if asked == 0:  # completions' echo alone: a token is computed, not answered (as vLLM)
+        asked = 1
     if asked is None:  # completions: 16, as OpenAI and vLLM; chat: the rest of the context
         fits = room if kv_tokens is None else max(min(room, kv_tokens - prompt_len), 1)
         asked = min(room, CompletionRequest.DEFAULT_MAX_TOKENS) if not chat else fits

@@ -131,9 +131,10 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         if self.truncate_prompt_tokens == 0:
             raise ApiError(400, "truncate_prompt_tokens must be -1 (the context's length) or "
                            "at least 1", param="truncate_prompt_tokens")  # fmt: skip
-        if self.prompt_logprobs is not None and self.stream:
-            raise ApiError(400, "prompt_logprobs is answered whole, not streamed",
-                           code="unsupported_parameter", param="prompt_logprobs")  # fmt: skip
+        if self.prompt_top is not None and self.stream:
+            param = "prompt_logprobs" if self.prompt_logprobs is not None else "echo"
+            raise ApiError(400, f"the prompt's logprobs ({param}) are answered whole, not "
+                           "streamed", code="unsupported_parameter", param=param)  # fmt: skip
         for name, no_ops in self.REFUSED.items():
             value = getattr(self, name)
             if value is not None and value not in no_ops:
@@ -141,6 +142,11 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                     400, f"{name} is not supported by this server", code="unsupported_parameter",
                     param=name,
                 )  # fmt: skip
+
+    @property
+    def prompt_top(self) -> int | None:
+        """The top tokens each prompt position's logprobs bring; None: not computed."""
+        return self.prompt_logprobs
 
     @property
     def stop_strings(self) -> list[str]:
@@ -156,18 +162,17 @@ class CompletionRequest(_Sampling, kw_only=True):
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's and vLLM's, for completions
 
     prompt: str | Annotated[list[int | str | list[int]], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None  # 0: echo alone
     logprobs: Logprobs | None = None
-    echo: bool = False  # the prompt's text before each choice's
+    echo: bool = False  # the prompt's text before each choice's (and its logprobs')
     suffix: refused("null") = None
     add_special_tokens: bool = True  # the tokenizer's BOS, as vLLM
 
     def check(self) -> None:
         super().check()
-        if self.echo and self.logprobs is not None:
-            raise ApiError(
-                400, "echo with logprobs needs the prompt's logprobs, which this server does not "
-                "compute", code="unsupported_parameter", param="echo",
-            )  # fmt: skip
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo: the prompt "
+                           "alone)", param="max_tokens")  # fmt: skip
         if isinstance(self.prompt, list) and len({type(p) for p in self.prompt}) > 1:
             raise ApiError(
                 400, "prompt must be a string, a list of token ids, or a list of either",
@@ -175,6 +180,13 @@ class CompletionRequest(_Sampling, kw_only=True):
             )  # fmt: skip
         if len(self.prompts()) > MAX_PROMPTS:
             raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request", param="prompt")
+
+    @property
+    def prompt_top(self) -> int | None:
+        """With echo and logprobs, the prompt's tokens' logprobs too, as vLLM."""
+        if not self.echo or self.logprobs is None:
+            return self.prompt_logprobs
+        return max(self.logprobs, self.prompt_logprobs or 0)
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the request: a text or token ids."""

@@ -119,7 +119,7 @@ class ResponseShape:
         return body
 
     def prompt_logprobs(
-        self, positions: list[tuple[list[tuple[int, float]], int] | None]
+        self, positions: list[tuple[list[tuple[int, float]], int] | None], top_n: int | None
     ) -> list[dict[str, dict[str, Any]] | None] | None:
         """vLLM's shape: per prompt token, {token id: {logprob, rank, decoded_token}} for the
         token and the top N (ranked 1..N); None for the first."""
@@ -131,6 +131,7 @@ class ResponseShape:
                 out.append(None)
                 continue
             ((token, logprob), *top), rank = position
+            top = top[:top_n]
             ranked = [(token, logprob, rank)] + [(t, lp, r) for r, (t, lp) in enumerate(top, 1)]
             out.append({
                 str(t): {"logprob": lp, "rank": r, "decoded_token": self.tokenizer.decode([t])}
@@ -138,12 +139,35 @@ class ResponseShape:
             })  # fmt: skip
         return out
 
+    def echo_logprobs(
+        self,
+        prompt: list[int],
+        positions: list[tuple[list[tuple[int, float]], int] | None],
+        top_n: int,
+    ) -> dict[str, list[Any]]:
+        """Completions' logprobs of an echoed prompt's tokens: the first has none, as vLLM."""
+        text_of = self.tokenizer.decode
+        entries = [None if p is None else p[0][: top_n + 1] for p in positions]
+        offsets = [0]
+        for token in prompt[:-1]:
+            offsets.append(offsets[-1] + len(text_of([token])))
+        return {
+            "tokens": [self._name(token) for token in prompt],
+            "token_logprobs": [None if e is None else e[0][1] for e in entries],
+            "top_logprobs": [
+                None if e is None else {self._name(t): lp for t, lp in e[1:]} for e in entries
+            ],
+            "text_offset": offsets,
+        }
+
+    def _name(self, token: int) -> str:
+        return f"token_id:{token}" if self.tokens_as_ids else self.tokenizer.decode([token])
+
     def logprobs(self, entries: list[list[tuple[int, float]]], offset: int) -> Any:
         """OpenAI logprobs for tokens whose entries are [(token, logprob), *top-N]."""
         if not entries:
             return None
-        text_of = self.tokenizer.decode
-        name = (lambda t: f"token_id:{t}") if self.tokens_as_ids else (lambda t: text_of([t]))
+        text_of, name = self.tokenizer.decode, self._name
         if self.chat:
             return {
                 "content": [

@@ -64,7 +64,7 @@ def sampling_params(
         bad_words=_bad_words(request.bad_words or [], tokenizer),
         min_tokens=min_tokens,
         min_tokens_stop_ids=sorted(set(stop_ids)) if min_tokens else [],
-        prompt_logprobs=request.prompt_logprobs,
+        prompt_logprobs=request.prompt_top,
     )
 
 

@@ -1,7 +1,9 @@
 """vLLM's token-level request fields through the running service and the official openai
 client: `truncate_prompt_tokens` (each prompt's last k tokens), `return_token_ids` (the prompt's
 and each choice's token ids beside the text, whole and streamed) and
-`return_tokens_as_token_ids` (logprobs name their tokens "token_id:N")."""
+`return_tokens_as_token_ids` (logprobs name their tokens "token_id:N"); and `echo` with
+`logprobs`, the prompt's tokens' logprobs first (with max_tokens 0, the prompt alone: how
+lm-evaluation-harness scores a continuation)."""
 
 from __future__ import annotations
 
@@ -117,3 +119,39 @@ def test_logprobs_name_tokens_by_id_where_asked(client: openai.OpenAI) -> None:
     content = chat["logprobs"]["content"]
     assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in chat["token_ids"]]
     assert all(entry["top_logprobs"][0]["token"].startswith("token_id:") for entry in content)
+
+
+def test_echo_with_logprobs_puts_the_prompts_tokens_first(client: openai.OpenAI) -> None:
+    asked = {"logprobs": 2, "prompt": PROMPT[:12]}
+    echoed = completion(client, echo=True, extra_body={"prompt_logprobs": 1}, **asked)
+    plain = completion(client, **asked)["choices"][0]
+    choice, vllms = echoed["choices"][0], echoed["choices"][0]["prompt_logprobs"]
+    logprobs, answer = choice["logprobs"], plain["logprobs"]
+    assert choice["text"] == completion(client, prompt=PROMPT[:12], echo=True, max_tokens=0)[
+        "choices"][0]["text"] + plain["text"]  # fmt: skip
+    assert len(logprobs["tokens"]) == 12 + 6 and logprobs["token_logprobs"][0] is None
+    assert logprobs["top_logprobs"][0] is None
+    # The prompt's: those of vLLM's prompt_logprobs (its top 1 here), then the answer's.
+    for position, entries in enumerate(vllms[1:], start=1):
+        mine = entries[str(PROMPT[position])]["logprob"]
+        assert logprobs["token_logprobs"][position] == pytest.approx(mine, abs=1e-6)
+        assert len(logprobs["top_logprobs"][position]) == 2 and len(entries) <= 2
+    assert logprobs["token_logprobs"][12:] == answer["token_logprobs"]
+    assert logprobs["top_logprobs"][12:] == answer["top_logprobs"]
+    start = len(choice["text"]) - len(plain["text"])  # the answer's offsets follow the prompt
+    assert logprobs["text_offset"][12:] == [start + offset for offset in answer["text_offset"]]
+    assert logprobs["text_offset"][:12] == sorted(logprobs["text_offset"][:12])
+
+
+def test_max_tokens_0_with_echo_answers_the_prompt_alone(client: openai.OpenAI) -> None:
+    alone = completion(client, prompt=PROMPT[:12], echo=True, max_tokens=0, logprobs=0)
+    choice = alone["choices"][0]
+    assert alone["usage"]["completion_tokens"] == 0 and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == 12
+    assert all(lp is not None for lp in choice["logprobs"]["token_logprobs"][1:])
+    with pytest.raises(openai.BadRequestError) as refusal:
+        completion(client, prompt=PROMPT, max_tokens=0)
+    assert refusal.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as refusal:
+        completion(client, prompt=PROMPT, echo=True, logprobs=1, stream=True)
+    assert refusal.value.body["param"] == "echo"

@@ -149,6 +149,14 @@ def test_max_tokens_0_with_echo_answers_the_prompt_alone(client: openai.OpenAI) 
     assert alone["usage"]["completion_tokens"] == 0 and choice["finish_reason"] == "length"
     assert len(choice["logprobs"]["tokens"]) == 12
     assert all(lp is not None for lp in choice["logprobs"]["token_logprobs"][1:])
+    # lm-evaluation-harness's loglikelihood request: several prompts, each's own logprobs.
+    harness = {"echo": True, "max_tokens": 1, "logprobs": 1, "seed": 1234}
+    both = completion(client, prompt=[PROMPT[:12], PROMPT[20:27]], **harness)["choices"]
+    second = completion(client, prompt=PROMPT[20:27], **harness)["choices"][0]
+    assert both[0]["logprobs"]["token_logprobs"][:12] == choice["logprobs"]["token_logprobs"]
+    assert both[1]["logprobs"] == second["logprobs"] and len(second["logprobs"]["tokens"]) == 8
+    for position, top in enumerate(second["logprobs"]["top_logprobs"][1:], start=1):
+        assert second["logprobs"]["token_logprobs"][position] <= max(top.values())
     with pytest.raises(openai.BadRequestError) as refusal:
         completion(client, prompt=PROMPT, max_tokens=0)
     assert refusal.value.body["param"] == "max_tokens"

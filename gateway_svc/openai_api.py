@@ -192,4 +192,5 @@ def engine_request(
         stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,
         priority=request.priority,
+        cache_salt=request.cache_salt or "",
     )

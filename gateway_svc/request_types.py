@@ -110,6 +110,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
+    # vLLM's: only requests of the same salt share prefix-cached KV blocks (tenants apart)
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
     prompt_logprobs: Logprobs | None = None  # vLLM's: each prompt token's logprob, top N
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -4,7 +4,9 @@ A full block is indexed by a 64-bit chain hash of its tokens and its parent's ha
 fast rather than strong, because a hit is never trusted on the hash alone: the pool keeps each
 cached block's tokens and the cache stamp of its parent block, so a lookup accepts a block only
 if its tokens match and its parent is the block just accepted before it. A collision, crafted
-or not, costs a miss, never another request's KV.
+or not, costs a miss, never another request's KV. A request's cache salt (`salt_root`) seeds
+its chain and stands for its first block's parent, so requests of different salts never share a
+block, whatever their tokens.
 
 A block whose last owner leaves keeps its hash and goes to the tail of the free queue;
 allocation takes from the head (least recently freed) and only then forgets the hash, so cached
@@ -14,6 +16,7 @@ prefixes survive as long as memory allows. Every operation touches only the bloc
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import OrderedDict
 
 import numpy as np
@@ -27,6 +30,19 @@ _NOT_CACHED = -1
 @functools.cache
 def _token_weights(block_size: int) -> np.ndarray:
     return np.random.default_rng(block_size).integers(1, 1 << 63, block_size, np.uint64) | 1
+
+
+def salt_root(salt: str) -> int:
+    """The chain's seed for a cache salt (0: none); odd, so never an unsalted chain's 0."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest()) | 1
+
+
+def root_stamp(root: int) -> int:
+    """The parent stamp of a chain's first block: issued stamps are positive, a salt's are
+    below -1 (-1 marks a block not cached)."""
+    return _ROOT_STAMP if root == 0 else -2 - (root >> 2)
 
 
 def block_contents(blocks: np.ndarray) -> np.ndarray:
@@ -97,9 +113,11 @@ class BlockPool:
             else:
                 self._idle_cached[block] = None
 
-    def cached_prefix(self, hashes: list[int], token_blocks: np.ndarray) -> list[int]:
+    def cached_prefix(
+        self, hashes: list[int], token_blocks: np.ndarray, root: int = 0
+    ) -> list[int]:
         """Blocks holding the longest cached prefix of `token_blocks` ([n, block_size], with
-        their chain `hashes`), verified token for token; none of them is taken yet."""
+        their chain `hashes` from `root`), verified token for token; none of them is taken."""
         found = []
         for block_hash in hashes:
             block = self._block_of.get(block_hash)
@@ -109,7 +127,7 @@ class BlockPool:
         if not found:
             return found
         blocks = np.array(found)
-        parents = np.concatenate(([_ROOT_STAMP], self._stamp[blocks[:-1]]))
+        parents = np.concatenate(([root_stamp(root)], self._stamp[blocks[:-1]]))
         valid = (self._tokens[blocks] == token_blocks[: len(found)]).all(axis=1)
         valid &= self._parent_stamp[blocks] == parents
         return found if valid.all() else found[: int(np.argmin(valid))]
@@ -126,10 +144,16 @@ class BlockPool:
         self.ref_count[blocks] += 1
 
     def cache(
-        self, blocks: np.ndarray, hashes: np.ndarray, parents: np.ndarray, tokens: np.ndarray
+        self,
+        blocks: np.ndarray,
+        hashes: np.ndarray,
+        parents: np.ndarray,
+        tokens: np.ndarray,
+        root: int = 0,
     ) -> None:
         """Publish blocks whose KV is complete. `parents` are the physical blocks before them
-        (-1 for a first block); the first block with a given hash wins."""
+        (-1 for a first block, of a chain from `root`); the first block with a given hash
+        wins."""
         if not self.enable_caching or len(blocks) == 0:
             return
         published = []
@@ -147,6 +171,6 @@ class BlockPool:
         self._stamp[chosen] = np.arange(first, first + len(chosen))
         parent_blocks = parents[published]
         self._parent_stamp[chosen] = np.where(
-            parent_blocks < 0, _ROOT_STAMP, self._stamp[np.maximum(parent_blocks, 0)]
+            parent_blocks < 0, root_stamp(root), self._stamp[np.maximum(parent_blocks, 0)]
         )
         self._tokens[chosen] = tokens[published]

@@ -23,10 +23,11 @@ class PrefixCache:
         block_size = self.batch.block_size
         hashes = req.block_hashes
         done = len(hashes) * block_size
-        hashes += chain_hashes(req.token_ids[done:], block_size, hashes[-1] if hashes else 0)
+        root = req.cache_root
+        hashes += chain_hashes(req.token_ids[done:], block_size, hashes[-1] if hashes else root)
         usable = (len(req.token_ids) - 1) // block_size
         token_blocks = req.token_ids[: usable * block_size].reshape(usable, block_size)
-        return self.pool.cached_prefix(hashes[:usable], token_blocks)
+        return self.pool.cached_prefix(hashes[:usable], token_blocks, root)
 
     def publish(self, slot: int) -> None:
         """Offer the row's newly completed blocks to later requests. The scheduler calls it for
@@ -35,6 +36,8 @@ class PrefixCache:
         the row gave back behind a sliding window are never published: another request may
         hold them already, and a later prefix would be handed its KV."""
         batch = self.batch
+        req = batch.requests[slot]
+        assert req is not None  # a row publishes before it leaves
         block_size = batch.block_size
         start, full = int(batch.num_hashed[slot]), int(batch.num_computed[slot]) // block_size
         if full <= start:
@@ -49,6 +52,7 @@ class PrefixCache:
             np.array(hashes, dtype=np.uint64)[held],
             parents[held],
             tokens.reshape(-1, block_size)[held],
+            req.cache_root,
         )
         batch.last_hash[slot] = hashes[-1]
         batch.num_hashed[slot] = full

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from turnstile.scheduler_svc.block_pool import salt_root
 from turnstile.shared.protocol import AddRequest, SamplingParams, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
@@ -40,6 +41,7 @@ class Request:
     arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
     crashes: int = 0  # failed steps it ran in (a suspect if > 0; ended at 2)
     cached_tokens: int | None = None  # prefix-cache hits at its first admission
+    cache_root: int = 0  # its cache salt's chain seed (`block_pool.salt_root`); 0: none
 
     @classmethod
     def from_message(
@@ -58,6 +60,7 @@ class Request:
             priority=msg.priority,
             arrival=arrival,
             sampling=msg.sampling,
+            cache_root=salt_root(msg.cache_salt),
         )
 
     def rank(self, by_priority: bool) -> int:

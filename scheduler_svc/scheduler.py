@@ -214,7 +214,8 @@ class Scheduler:
             self.pool.share(cached)
             blocks = cached + self.pool.allocate(need).tolist()
             slot = self.batch.admit(req, blocks, num_cached, self.lifecycle.by_priority)
-            self.batch.last_hash[slot] = req.block_hashes[len(cached) - 1] if cached else 0
+            last = req.block_hashes[len(cached) - 1] if cached else req.cache_root
+            self.batch.last_hash[slot] = last
             self.batch.num_computed[slot] += count
             self.stats.prefix_cache_queries += len(req.token_ids)
             self.stats.prefix_cache_hits += num_cached

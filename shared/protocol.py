@@ -147,6 +147,7 @@ class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     priority: int = 0
+    cache_salt: str = ""  # vLLM's: only requests of the same salt share cached KV blocks
 
 
 class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):

@@ -3,17 +3,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from turnstile.scheduler_svc.block_pool import BlockPool, chain_hashes
+from turnstile.scheduler_svc.block_pool import BlockPool, chain_hashes, salt_root
 
 
-def publish(pool: BlockPool, tokens: np.ndarray, blocks: list[int], block_size: int) -> list[int]:
-    hashes = chain_hashes(tokens, block_size, 0)
+def publish(
+    pool: BlockPool, tokens: np.ndarray, blocks: list[int], block_size: int, root: int = 0
+) -> list[int]:
+    hashes = chain_hashes(tokens, block_size, root)
     parents = np.array([-1, *blocks[:-1]])
     pool.cache(
         np.array(blocks),
         np.array(hashes, dtype=np.uint64),
         parents,
         tokens.reshape(-1, block_size),
+        root,
     )
     return hashes
 
@@ -77,3 +80,21 @@ def test_a_reused_parent_block_invalidates_its_cached_children() -> None:
     pool.release(np.array([blocks[1]]))
     # The child was computed after the old head, not the new one: it no longer matches.
     assert pool.cached_prefix(hashes, tokens.reshape(2, 2)) == reused
+
+
+def test_requests_of_different_cache_salts_never_share_a_block() -> None:
+    pool = BlockPool(8, 2)
+    tokens = np.array([1, 2, 3, 4])
+    a, b = salt_root("tenant-a"), salt_root("tenant-b")
+    assert len({0, a, b}) == 3 and salt_root("") == 0
+    mine = pool.allocate(2).tolist()
+    hashes = publish(pool, tokens, mine, 2, a)
+    assert pool.cached_prefix(hashes, tokens.reshape(2, 2), a) == mine  # the same salt hits
+    for root in (b, 0):  # another salt, or none: a miss by hash
+        assert pool.cached_prefix(chain_hashes(tokens, 2, root), tokens.reshape(2, 2), root) == []
+    # A forged hash (one that found salt a's chain) still misses: the root is verified too.
+    assert pool.cached_prefix(hashes, tokens.reshape(2, 2), b) == []
+    assert pool.cached_prefix(hashes, tokens.reshape(2, 2)) == []
+    theirs = pool.allocate(2).tolist()  # salt b publishes its own copy of the same tokens
+    other = publish(pool, tokens, theirs, 2, b)
+    assert pool.cached_prefix(other, tokens.reshape(2, 2), b) == theirs

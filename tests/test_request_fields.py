@@ -52,6 +52,7 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, OK),
     "return_token_ids": ({"return_token_ids": True}, OK),
+    "cache_salt": ({"cache_salt": "tenant-a"}, OK),
     "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, OK),
     "prompt_logprobs": ({"prompt_logprobs": 1}, OK),
     "response_format": ({"response_format": {"type": "json_object"}}, OK),

@@ -3,7 +3,7 @@ client: `truncate_prompt_tokens` (each prompt's last k tokens), `return_token_id
 and each choice's token ids beside the text, whole and streamed) and
 `return_tokens_as_token_ids` (logprobs name their tokens "token_id:N"); and `echo` with
 `logprobs`, the prompt's tokens' logprobs first (with max_tokens 0, the prompt alone: how
-lm-evaluation-harness scores a continuation)."""
+lm-evaluation-harness scores a continuation); `cache_salt`, the prefix cache kept apart by salt."""
 
 from __future__ import annotations
 
@@ -163,3 +163,22 @@ def test_max_tokens_0_with_echo_answers_the_prompt_alone(client: openai.OpenAI) 
     with pytest.raises(openai.BadRequestError) as refusal:
         completion(client, prompt=PROMPT, echo=True, logprobs=1, stream=True)
     assert refusal.value.body["param"] == "echo"
+
+
+def test_a_cache_salt_shares_the_prefix_cache_only_with_its_own_salt(
+    client: openai.OpenAI,
+) -> None:
+    prompt = list(range(5000, 5100))  # 6 full blocks of 16, in no other test's prompt
+
+    def cached(salt: str | None) -> int:
+        fields = {} if salt is None else {"cache_salt": salt}
+        answer = completion(client, prompt=prompt, max_tokens=1, extra_body=fields)
+        return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("tenant-a") == 0  # first seen
+    assert cached("tenant-a") == 96  # its own salt: the 6 full blocks
+    assert cached("tenant-b") == 0 and cached(None) == 0  # another salt, or none: nothing
+    assert cached(None) == 96 and cached("tenant-b") == 96  # each now has its own copy
+    with pytest.raises(openai.BadRequestError) as refusal:
+        completion(client, prompt=prompt, extra_body={"cache_salt": ""})
+    assert refusal.value.body["param"] == "cache_salt"

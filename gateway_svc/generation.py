@@ -148,7 +148,7 @@ class Generation:
             self._pieces.put_nowait(Piece(choice.index, choice.echo, []))
         choice.stream = stream = self.engine.submit(message)
         entries: Logprobs = []
-        tokens: list[int] = []  # since the last piece, the stop tokens among them
+        tokens: list[int] = []  # ids since the last piece, a hidden stop token's included
         text = choice.text
         while True:
             event = await stream.events.get()

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc import metrics, responses_api
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
@@ -23,12 +23,14 @@ from turnstile.gateway_svc.openai_api import (
     engine_request,
     hidden_token_ids,
     parse,
+    parse_body,
     prompts_of,
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
+from turnstile.gateway_svc.responses_api import ResponseObject, ResponsesRequest
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
@@ -83,6 +85,7 @@ class Gateway:
         )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -140,11 +143,56 @@ class Gateway:
                 param="model",
             )  # fmt: skip
 
+    async def responses(self, http: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API, run as a chat (`responses_api.py`)."""
+        arrival = time.perf_counter()
+        asked = parse_body(await http.read(), ResponsesRequest)
+        generation = await self._start(asked.as_chat(), arrival)
+        shape = ResponseObject(asked, self.served_names[0])
+        if asked.stream:
+            answer = responses_api.answer_stream(http, shape, generation)
+        else:
+            answer = responses_api.answer_whole(shape, generation)
+        return await self._answered("responses", arrival, generation, answer)
+
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
         arrival = time.perf_counter()
+        generation = await self._start(request, arrival)
+        chat = isinstance(request, ChatCompletionRequest)
+        shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
+        shape.tokens_as_ids = request.return_tokens_as_token_ids
+        if request.return_token_ids:
+            shape.prompt_ids = [c.prompt_ids for c in generation.choices]
+        if isinstance(request, ChatCompletionRequest) and generation.tool_mode is not None:
+            shape.calls = CallReaders(generation.tool_mode, self.tool_parser, request)
+        if request.stream:
+            answer = answer_stream(http, shape, generation, request)
+        else:
+            answer = answer_whole(shape, generation)
+        return await self._answered("chat" if chat else "completions", arrival, generation, answer)
+
+    async def _answered(
+        self,
+        endpoint: str,
+        arrival: float,
+        generation: Generation,
+        answer: Awaitable[web.StreamResponse],
+    ) -> web.StreamResponse:
+        try:
+            response = await answer
+        except ApiError as exc:
+            metrics.REQUESTS.labels(endpoint, str(exc.status)).inc()
+            raise
+        finally:
+            generation.close()  # a no-op unless the client left early
+        metrics.REQUESTS.labels(endpoint, "200").inc()
+        metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
+        return response
+
+    async def _start(self, request: Request, arrival: float) -> Generation:
+        """The request checked, tokenized and sent to the scheduler as its choices."""
         self.check_model(request.model)
         chat = isinstance(request, ChatCompletionRequest)
-        endpoint = "chat" if chat else "completions"
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
         tools = tool_mode(request, self.tool_parser) if chat else None
         constraint = grammar_of(request, forced_call(request, tools) if chat else None)
@@ -184,25 +232,8 @@ class Gateway:
             if request.prompt_top is not None:  # the first choice brings them
                 choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices)
-        shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
-        shape.tokens_as_ids = request.return_tokens_as_token_ids
-        if request.return_token_ids:
-            shape.prompt_ids = [ids for ids in prompts for _ in range(n)]
-        if tools is not None:
-            shape.calls = CallReaders(tools, self.tool_parser, request)  # type: ignore[arg-type]
-        try:
-            if request.stream:
-                response = await answer_stream(http, shape, generation, request)
-            else:
-                response = await answer_whole(shape, generation)
-        except ApiError as exc:
-            metrics.REQUESTS.labels(endpoint, str(exc.status)).inc()
-            raise
-        finally:
-            generation.close()  # a no-op unless the client left early
-        metrics.REQUESTS.labels(endpoint, "200").inc()
-        metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
-        return response
+        generation.tool_mode = tools
+        return generation
 
     def _check_capacity(self, prompt: int, max_tokens: int, n: int) -> None:
         """Refuse `n` choices whose KV blocks, the prompt's shared, exceed the whole cache."""

@@ -97,6 +97,7 @@ class Generation:
         self.prompt_tokens = prompt_tokens
         self.n = n
         self.constraint_field: str | None = None  # the field that asks for a grammar
+        self.tool_mode: str | None = None  # a chat's (`tool_calls.tool_mode`), if it has tools
         self.choices: list[Choice] = []
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []

@@ -14,6 +14,7 @@ from turnstile.gateway_svc.request_types import (
     TokenizeChat,
     TokenizeCompletion,
 )
+from turnstile.gateway_svc.responses_api import ResponsesRequest
 
 _ERROR = {
     "type": "object",
@@ -71,8 +72,8 @@ def _get(summary: str, answer: str, *errors: int) -> dict[str, Any]:
 
 
 def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
-    requests = [CompletionRequest, ChatCompletionRequest, TokenizeCompletion, TokenizeChat,
-                Detokenize]  # fmt: skip
+    requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletion,
+                TokenizeChat, Detokenize]  # fmt: skip
     _, schemas = msgspec.json.schema_components(
         requests, ref_template="#/components/schemas/{name}"
     )
@@ -82,7 +83,7 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
         names = [{"const": name} for name in served_names]
         properties["model"] = {"anyOf": [*names, {"type": "null"}], "default": None}
         # Prompt and completion share the context: more than it holds is always refused.
-        for name in ("max_tokens", "max_completion_tokens"):
+        for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if name in properties:
                 properties[name]["anyOf"][0]["maximum"] = max_model_len - 1
     answer = "a completion, or a stream of Server-Sent Events"
@@ -92,6 +93,12 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
         "paths": {
             "/v1/completions": _post(["CompletionRequest"], "Complete prompts", answer, True),
             "/v1/chat/completions": _post(["ChatCompletionRequest"], "Answer a chat", answer, True),
+            "/v1/responses": _post(
+                ["ResponsesRequest"],
+                "Answer input (stateless)",
+                "a response, or a stream of its events",
+                True,
+            ),
             "/v1/models": _get("The served model", "model list", 401),
             "/tokenize": _post(
                 ["TokenizeCompletion", "TokenizeChat"],

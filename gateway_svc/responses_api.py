@@ -115,17 +115,15 @@ def _message(item: dict[str, Any], index: int) -> ChatMessage:
     if role not in _ROLES:
         raise ApiError(400, f"{where}: role must be one of {', '.join(_ROLES)}",
                        param=f"{where}.role")  # fmt: skip
+    role = "system" if role == "developer" else role  # as OpenAI's models without the role
     if isinstance(content, str):
-        return ChatMessage("system" if role == "developer" else role, content)
-    parts = content if isinstance(content, list) else [None]
-    if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in parts) or not all(
-        isinstance(p.get("text"), str)
-        for p in parts  # type: ignore[union-attr]
-    ):
+        return ChatMessage(role, content)
+    parts = content if isinstance(content, list) else []
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") in _TEXT_PARTS]
+    if not parts or len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
         raise ApiError(400, f"{where}: content must be a string or input_text parts",
                        param=f"{where}.content")  # fmt: skip
-    text = "".join(p["text"] for p in parts)  # type: ignore[index]
-    return ChatMessage("system" if role == "developer" else role, text)
+    return ChatMessage(role, "".join(texts))
 
 
 def _format(text: TextConfig | None) -> ResponseFormat | None:

@@ -38,7 +38,7 @@ _REFUSALS = {
     "timeout": (504, "timeout", {}),
     "failed": (500, "server_error", {}),
 }
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 @dataclass(slots=True)
@@ -242,7 +242,7 @@ async def answer_stream(
     # The first piece is awaited before answering, so a refused request still gets its
     # proper HTTP status instead of an error inside a 200 stream.
     piece: Piece | None = await anext(pieces)
-    response = web.StreamResponse(headers=_SSE_HEADERS)
+    response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(http)
     offsets = [0] * len(generation.choices)
     started = [False] * len(generation.choices)

@@ -29,6 +29,14 @@ def refused(no_op: str) -> Any:
     return Annotated[Any, Meta(description=f"not supported: refused unless {no_op}")]
 
 
+def refuse_unsupported(request: Any, refused_fields: dict[str, tuple[Any, ...]]) -> None:
+    """A 400 naming the first `refused` field that holds other than a no-op value."""
+    for name, no_ops in refused_fields.items():
+        if (value := getattr(request, name)) is not None and value not in no_ops:
+            raise ApiError(400, f"{name} is not supported by this server",
+                           code="unsupported_parameter", param=name)  # fmt: skip
+
+
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
@@ -137,13 +145,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             param = "prompt_logprobs" if self.prompt_logprobs is not None else "echo"
             raise ApiError(400, f"the prompt's logprobs ({param}) are answered whole, not "
                            "streamed", code="unsupported_parameter", param=param)  # fmt: skip
-        for name, no_ops in self.REFUSED.items():
-            value = getattr(self, name)
-            if value is not None and value not in no_ops:
-                raise ApiError(
-                    400, f"{name} is not supported by this server", code="unsupported_parameter",
-                    param=name,
-                )  # fmt: skip
+        refuse_unsupported(self, self.REFUSED)
 
     @property
     def prompt_top(self) -> int | None:
@@ -158,9 +160,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True):
-    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_Sampling.REFUSED, "suffix": ("",)
-    }  # fmt: skip
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {**_Sampling.REFUSED, "suffix": ("",)}
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's and vLLM's, for completions
 
     prompt: str | Annotated[list[int | str | list[int]], Meta(min_length=1)]

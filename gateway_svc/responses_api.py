@@ -15,7 +15,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.generation import Generation
+from turnstile.gateway_svc.generation import SSE_HEADERS, Generation
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     ChatMessage,
@@ -23,6 +23,7 @@ from turnstile.gateway_svc.request_types import (
     ResponseFormat,
     TokenCount,
     Unused,
+    refuse_unsupported,
     refused,
 )
 
@@ -88,10 +89,7 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
     def as_chat(self) -> ChatCompletionRequest:
         """The chat this request runs as, its fields checked."""
-        for name, no_ops in self.REFUSED.items():
-            if getattr(self, name) is not None and getattr(self, name) not in no_ops:
-                raise ApiError(400, f"{name} is not supported by this server",
-                               code="unsupported_parameter", param=name)  # fmt: skip
+        refuse_unsupported(self, self.REFUSED)
         messages = [ChatMessage("system", self.instructions)] if self.instructions else []
         if isinstance(self.input, str):
             messages.append(ChatMessage("user", self.input))
@@ -206,8 +204,7 @@ async def answer_stream(
 ) -> web.StreamResponse:
     pieces = generation.pieces()
     piece = await anext(pieces)  # a refused request still gets its HTTP status
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})  # fmt: skip
+    response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(http)
     started = shape.body("in_progress", None, None)
     await response.write(shape.event("response.created", response=started))

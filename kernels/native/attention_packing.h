@@ -82,9 +82,16 @@ AMX static inline void widen_run(const Tiles *a, const char *from, long slices, 
 AMX static void pack_values(const Tiles *a, const Group *g, long h, long c, long begin, long end,
                             uint16_t *local) {
     const long *table = a->tables + g->lead * a->width;
+    const long stride = a->kv_heads * a->dim * kv_bytes(a->format);
     const char *value[CHUNK];
-    for (long j = 0, t = c * CHUNK; j < CHUNK; j++, t++)
-        value[j] = t >= g->begin && t < g->end ? head_at(a, a->v_cache, table, h, t) : NULL;
+    for (long half = 0; half < CHUNK; half += 16) { /* 16 tokens of one block: one lookup */
+        const long t = c * CHUNK + half, seen = t > g->begin ? t : g->begin;
+        const char *at = seen < g->end && seen < t + 16 ? head_at(a, a->v_cache, table, h, seen)
+                                                        : NULL;
+        for (long j = 0; j < 16; j++)
+            value[half + j] = at && t + j >= seen && t + j < g->end ? at + (t + j - seen) * stride
+                                                                    : NULL;
+    }
     __m512i *to = (__m512i *)packed_at(a, g, h, c, local);
     const __m512i low = LOW_HALVES, high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     const __m512i zero = _mm512_setzero_si512();

@@ -116,7 +116,9 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
             top = _mm512_mask_max_ps(top, seeing(&r, c * CHUNK + j), top,
                                      _mm512_load_ps(s + 16 * j));
     }
-    const __m512 scale = _mm512_set1_ps(a->scale);
+    /* e^((s - top) scale) as 2^(s rate - top rate): one FMA before the exponential */
+    const __m512 rate = _mm512_set1_ps(a->scale * 1.44269504088896341f);
+    const __m512 shift = _mm512_mul_ps(top, rate);
     for (long pass = 0; pass < a->dim; pass += DIMS_A_PASS) {
         __m512 sum = _mm512_setzero_ps();
         const long groups = (a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS) / 16;
@@ -127,9 +129,9 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
             for (long k = 0; k < CHUNK / 2; k++) {
                 __m512 p[2];
                 for (long e = 0; e < 2; e++) {
-                    const __m512 x = _mm512_sub_ps(_mm512_load_ps(s + 16 * (2 * k + e)), top);
+                    const __m512 x = _mm512_load_ps(s + 16 * (2 * k + e));
                     p[e] = _mm512_maskz_mov_ps(seeing(&r, c * CHUNK + 2 * k + e),
-                                               exp_negative16(_mm512_mul_ps(x, scale)));
+                                               exp2_negative16(_mm512_fmsub_ps(x, rate, shift)));
                     sum = _mm512_add_ps(sum, p[e]);
                 }
                 const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);

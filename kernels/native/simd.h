@@ -28,28 +28,24 @@ static inline float dot(const float *a, const float *b, long dim) {
 }
 
 /* e^x for x <= 0 to within 2 ulp: x = n ln2 + r, e^r by its Taylor polynomial (Cephes'
- * coefficients), 2^n put into the exponent bits. Below -87, 0. Written once for W-bit registers
- * (256: AVX2, here; 512: attention_tiles.h). */
-#define ROUND_256 _mm256_round_ps
-#define ROUND_512 _mm512_roundscale_ps
-#define EXP_NEGATIVE(W, x)                                                                     \
-    x = _mm##W##_max_ps(x, _mm##W##_set1_ps(-87.0f));                                        \
-    const __m##W n = ROUND_##W(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)),   \
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);               \
-    x = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(0.693359375f), x);                           \
-    x = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(-2.12194440e-4f), x);                        \
-    __m##W y = _mm##W##_set1_ps(1.9875691500e-4f);                                          \
-    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.3981999507e-3f));                       \
-    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(8.3334519073e-3f));                       \
-    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(4.1665795894e-2f));                       \
-    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.6666665459e-1f));                       \
-    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(5.0000001201e-1f));                       \
-    y = _mm##W##_add_ps(_mm##W##_fmadd_ps(y, _mm##W##_mul_ps(x, x), x), _mm##W##_set1_ps(1.0f)); \
-    const __m##W##i exponent = _mm##W##_slli_epi32(                                          \
-        _mm##W##_add_epi32(_mm##W##_cvtps_epi32(n), _mm##W##_set1_epi32(127)), 23);          \
-    return _mm##W##_mul_ps(y, _mm##W##_castsi##W##_ps(exponent))
-
-static inline __m256 exp_negative(__m256 x) { EXP_NEGATIVE(256, x); }
+ * coefficients), 2^n put into the exponent bits. Below -87, 0. */
+static inline __m256 exp_negative(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    const __m256i exponent = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+}
 
 /* silu(g) * up. sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0,
  * else e / (1 + e). */

@@ -86,11 +86,13 @@ AMX static void score_chunk(const Tiles *a, const Group *g, const Rows *r, long 
 }
 
 /* A thread's buffers: a chunk's scores for each chunk of a group (the second pass reads them
- * again), a decode tile's chunk of values packed for each of its KV heads, and the next group's
- * lines to ask for. */
+ * again), a decode tile's chunk of values packed for each of its KV heads, a prompt tile's
+ * weights of each chunk where head_dim is over DIMS_A_PASS (its later passes of output dims
+ * weigh with the first's), and the next group's lines to ask for. */
 typedef struct {
     float *scores;
     uint16_t *local;
+    uint32_t *weights; /* [chunk][256]; NULL: one pass */
     Ahead ahead;
 } Scratch;
 
@@ -104,7 +106,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
     for (long i = 0; i < slices && slices <= QUERY_TILES; i++)
         load_tile(i, r.queries + 256 * i, 64);
     float o[DIMS_A_PASS * TILE] __attribute__((aligned(64)));
-    uint32_t weights[TILE * CHUNK / 2 * TILE] __attribute__((aligned(64))); /* head j: 256 j */
+    uint32_t fresh[TILE * CHUNK / 2 * TILE] __attribute__((aligned(64))); /* head j: 256 j */
     const __m512i interleave = INTERLEAVE;
     const long from = r.lo / CHUNK, to = (r.hi + CHUNK - 1) / CHUNK;
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -119,14 +121,19 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
     /* e^((s - top) scale) as 2^(s rate - top rate): one FMA before the exponential */
     const __m512 rate = _mm512_set1_ps(a->scale * 1.44269504088896341f);
     const __m512 shift = _mm512_mul_ps(top, rate);
+    /* A prompt's tile (one KV head) weighs every pass with its first pass's weights; a decode
+     * tile, waiting on memory, computes them again rather than fill L2 with them. */
+    const int kept = mine->weights != NULL && g->packed >= 0;
+    __m512 sum = _mm512_setzero_ps();
     for (long pass = 0; pass < a->dim; pass += DIMS_A_PASS) {
-        __m512 sum = _mm512_setzero_ps();
+        if (!kept) sum = _mm512_setzero_ps();
         const long groups = (a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS) / 16;
         for (long i = 0; i < groups; i++) zero_tile(i);
         for (long c = from, turn = 0, w = 0; c < to; c++) {
             const float *s = mine->scores + (c - from) * CHUNK * TILE;
+            uint32_t *weights = kept ? mine->weights + (c - from) * 256 : fresh;
             __m512i pairs[CHUNK / 2]; /* [key pair][lane], then [lane][key pair] */
-            for (long k = 0; k < CHUNK / 2; k++) {
+            for (long k = 0; k < CHUNK / 2 && (pass == 0 || !kept); k++) {
                 __m512 p[2];
                 for (long e = 0; e < 2; e++) {
                     const __m512 x = _mm512_load_ps(s + 16 * (2 * k + e));
@@ -137,8 +144,8 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
                 const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
                 pairs[k] = _mm512_permutexvar_epi16(interleave, both);
             }
-            transpose16(pairs);
-            for (long j = 0; j < heads; j++) /* KV head j's weights: zero in others' lanes */
+            if (pass == 0 || !kept) transpose16(pairs);
+            for (long j = 0; j < heads && (pass == 0 || !kept); j++) /* zero in others' lanes */
                 for (long m = 0; m < TILE; m++)
                     _mm512_store_si512(weights + 256 * j + 16 * m,
                                        _mm512_maskz_mov_epi32(-(r.of[j] >> m & 1), pairs[m]));
@@ -223,6 +230,7 @@ AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache
      * such groups to keep every thread busy: then one task a KV head. */
     const long split = alone < 4 * omp_get_max_threads() ? kv_heads : 1;
     tasks += alone * split;
+    const size_t weighing = sizeof(uint32_t) * most * 256; /* Scratch.weights: a prompt's */
     Task *task = malloc(sizeof(Task) * tasks);
     long *owner = malloc(sizeof(long) * (shared + 1)); /* each shared chunk's group */
     a.values = aligned_alloc(64, sizeof(uint16_t) * (shared * kv_heads + 1) * chunk_size);
@@ -255,8 +263,8 @@ AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache
         configure_tiles();
         Scratch mine = {aligned_alloc(64, sizeof(float) * most * CHUNK * TILE),
                         aligned_alloc(64, sizeof(uint16_t) * kv_heads * chunk_size),
-                        NOTHING_AHEAD};
-        if (mine.scores == NULL || mine.local == NULL) failed = 1;
+                        dim > DIMS_A_PASS ? aligned_alloc(64, weighing) : NULL, NOTHING_AHEAD};
+        if (!mine.scores || !mine.local || (dim > DIMS_A_PASS && !mine.weights)) failed = 1;
 #pragma omp for schedule(dynamic, 1) nowait
         for (long i = 0; i < big; i++)
             if (!failed) run_task(&a, q, groups, task[i], &mine, out);
@@ -275,6 +283,7 @@ AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache
         _tile_release();
         free(mine.scores);
         free(mine.local);
+        free(mine.weights);
     }
     free(groups); free(task); free(owner); free(a.values); free(a.keys);
     return failed ? -1 : 0;

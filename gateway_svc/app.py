@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,6 +41,13 @@ from turnstile.shared.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REQUEST_ID = "request_id"  # where a generation keeps the id it answers under
+
+
+async def request_id_header(http: web.Request, response: web.StreamResponse) -> None:
+    """X-Request-Id on an answer: the client's, else the id its generation answered under."""
+    if request_id := http.headers.get("X-Request-Id") or http.get(REQUEST_ID):
+        response.headers["X-Request-Id"] = request_id
 
 
 @web.middleware
@@ -67,8 +75,10 @@ class Gateway:
         api_key: str | None = None,
         sampling_defaults: dict[str, float] | None = None,
         tool_parser: str | None = None,
+        tokens_as_ids: bool = False,
     ) -> None:
         self.engine = engine
+        self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids when a request is silent
         self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
         self.sampling_defaults = sampling_defaults or {}
         self.tokenizer = tokenizer
@@ -83,6 +93,7 @@ class Gateway:
         app = web.Application(
             middlewares=[openai_errors, self._require_key], client_max_size=max_body_bytes
         )
+        app.on_response_prepare.append(request_id_header)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
@@ -147,8 +158,9 @@ class Gateway:
         """OpenAI's Responses API, run as a chat (`responses_api.py`)."""
         arrival = time.perf_counter()
         asked = parse_body(await http.read(), ResponsesRequest)
-        generation = await self._start(asked.as_chat(), arrival)
         shape = ResponseObject(asked, self.served_names[0])
+        http[REQUEST_ID] = shape.id
+        generation = await self._start(asked.as_chat(), arrival)
         if asked.stream:
             answer = responses_api.answer_stream(http, shape, generation)
         else:
@@ -157,10 +169,15 @@ class Gateway:
 
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
         arrival = time.perf_counter()
+        # vLLM's order: the client's X-Request-Id header, the body's request_id, a fresh one
+        http[REQUEST_ID] = (
+            http.headers.get("X-Request-Id") or request.request_id or uuid.uuid4().hex
+        )
         generation = await self._start(request, arrival)
         chat = isinstance(request, ChatCompletionRequest)
-        shape = ResponseShape(chat, self.served_names[0], self.tokenizer)
-        shape.tokens_as_ids = request.return_tokens_as_token_ids
+        shape = ResponseShape(chat, self.served_names[0], self.tokenizer, http[REQUEST_ID])
+        as_ids = request.return_tokens_as_token_ids
+        shape.tokens_as_ids = self.tokens_as_ids if as_ids is None else as_ids
         if request.return_token_ids:
             shape.prompt_ids = [c.prompt_ids for c in generation.choices]
         if isinstance(request, ChatCompletionRequest) and generation.tool_mode is not None:

@@ -39,6 +39,9 @@ class GatewayConfig:
     tool_call_parser: Literal["hermes", "llama3_json"] | None = setting(
         None, "how the model writes its tool calls (vLLM's parser names)"
     )
+    return_tokens_as_token_ids: bool = setting(
+        False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
+    )
 
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

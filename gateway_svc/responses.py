@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from turnstile.gateway_svc.tool_calls import CallReaders
@@ -13,10 +12,10 @@ from turnstile.shared.tokenizer import Tokenizer
 class ResponseShape:
     """Builds the JSON bodies of one request, completion or chat."""
 
-    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer) -> None:
+    def __init__(self, chat: bool, model: str, tokenizer: Tokenizer, request_id: str) -> None:
         self.chat = chat
         self.model = model
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.created = int(time.time())
         self.tokenizer = tokenizer
         self.calls: CallReaders | None = None  # a chat with tools: each choice's calls

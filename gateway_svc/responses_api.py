@@ -20,6 +20,7 @@ from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     ChatMessage,
     JsonSchemaFormat,
+    RequestId,
     ResponseFormat,
     TokenCount,
     Unused,
@@ -69,6 +70,7 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     stream: bool = False
     text: TextConfig | None = None
     parallel_tool_calls: bool | None = None  # no tools: nothing to call
+    request_id: RequestId | None = None  # vLLM's: the response's id, as given
     store: refused("false") = None
     previous_response_id: refused("null") = None
     conversation: refused("null") = None
@@ -141,7 +143,7 @@ class ResponseObject:
 
     def __init__(self, asked: ResponsesRequest, model: str) -> None:
         self.asked, self.model = asked, model
-        self.id = f"resp_{uuid.uuid4().hex}"
+        self.id = asked.request_id or f"resp_{uuid.uuid4().hex}"
         self.item_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.sequence = 0

@@ -41,6 +41,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.api_key,
         sampling_defaults,
         settings.auto_tool_parser,
+        settings.return_tokens_as_token_ids,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

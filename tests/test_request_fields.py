@@ -54,6 +54,7 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "return_token_ids": ({"return_token_ids": True}, OK),
     "cache_salt": ({"cache_salt": "tenant-a"}, OK),
     "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, OK),
+    "request_id": ({"request_id": "job-1"}, OK),
     "prompt_logprobs": ({"prompt_logprobs": 1}, OK),
     "response_format": ({"response_format": {"type": "json_object"}}, OK),
     "structured_outputs": ({"structured_outputs": {"regex": "a+"}}, OK),

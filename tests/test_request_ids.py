@@ -1,0 +1,97 @@
+"""The id a response is answered under, as vLLM chooses it: the client's `X-Request-Id` header,
+else the body's `request_id`, else a fresh one, behind "chatcmpl-" or "cmpl-" (the Responses
+API's `request_id` is the response's id as given); the id comes back as the `X-Request-Id`
+header, streamed or whole. And `--return-tokens-as-token-ids`, vLLM's server default for the
+request field: this module's stack runs with it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import openai
+import pytest
+from conftest import MODEL
+
+from turnstile.bench.server_process import Server, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack
+
+GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 4}
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Server]:
+    with launched_server("--num-blocks", "256", "--return-tokens-as-token-ids") as running:
+        yield running
+
+
+def test_the_body_names_the_response(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        **GREEDY, messages=HELLO, extra_body={"request_id": "job-17/a"}
+    )
+    assert raw.parse().id == "chatcmpl-job-17/a"
+    assert raw.headers["X-Request-Id"] == "job-17/a"
+
+
+def test_the_header_wins_over_the_body(client: openai.OpenAI) -> None:
+    raw = client.completions.with_raw_response.create(
+        **GREEDY, prompt="Once", extra_body={"request_id": "from-body"},
+        extra_headers={"X-Request-Id": "from-header"},
+    )  # fmt: skip
+    assert raw.parse().id == "cmpl-from-header"
+    assert raw.headers["X-Request-Id"] == "from-header"
+
+
+def test_a_request_without_one_gets_a_fresh_id_in_both_places(client: openai.OpenAI) -> None:
+    ids = set()
+    for _ in range(2):
+        raw = client.chat.completions.with_raw_response.create(**GREEDY, messages=HELLO)
+        given = raw.headers["X-Request-Id"]
+        assert re.fullmatch("[0-9a-f]{32}", given)
+        assert raw.parse().id == f"chatcmpl-{given}"
+        ids.add(given)
+    assert len(ids) == 2
+
+
+def test_a_stream_carries_the_id_in_its_header_and_every_chunk(client: openai.OpenAI) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        **GREEDY, messages=HELLO, stream=True, extra_body={"request_id": "streamed"}
+    ) as raw:
+        assert raw.headers["X-Request-Id"] == "streamed"
+        chunks = list(raw.parse())
+    assert len(chunks) > 1
+    assert {chunk.id for chunk in chunks} == {"chatcmpl-streamed"}
+
+
+def test_the_responses_api_takes_its_id_as_given(client: openai.OpenAI) -> None:
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="Hello!", max_output_tokens=4, extra_body={"request_id": "resp_mine"}
+    )
+    assert raw.parse().id == "resp_mine"
+    assert raw.headers["X-Request-Id"] == "resp_mine"
+    assert client.responses.create(model=MODEL, input="Hi", max_output_tokens=2).id.startswith(
+        "resp_"
+    )
+
+
+@pytest.mark.parametrize("bad", ["", "two words", "line\nbreak", "x" * 257])
+def test_a_request_id_that_cannot_be_a_header_is_refused_by_name(
+    client: openai.OpenAI, bad: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refusal:
+        client.chat.completions.create(**GREEDY, messages=HELLO, extra_body={"request_id": bad})
+    assert refusal.value.body["param"] == "request_id"
+
+
+def test_the_server_flag_names_tokens_by_id_unless_a_request_says_otherwise(
+    client: openai.OpenAI,
+) -> None:
+    fields = {**GREEDY, "prompt": "Once upon a time", "logprobs": 1}
+    by_default = client.completions.create(**fields).choices[0].logprobs
+    assert by_default.tokens and all(re.fullmatch(r"token_id:\d+", t) for t in by_default.tokens)
+    asked = client.completions.create(**fields, extra_body={"return_tokens_as_token_ids": False})
+    texts = asked.choices[0].logprobs.tokens
+    assert [int(t.split(":")[1]) for t in by_default.tokens] != texts
+    assert "".join(texts) == asked.choices[0].text

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from turnstile.gateway_svc import metrics, responses_api
+from turnstile.gateway_svc import metrics, responses_output
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
@@ -31,7 +31,8 @@ from turnstile.gateway_svc.openai_api import (
 from turnstile.gateway_svc.openapi import openapi_document
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
-from turnstile.gateway_svc.responses_api import ResponseObject, ResponsesRequest
+from turnstile.gateway_svc.responses_api import ResponsesRequest
+from turnstile.gateway_svc.responses_output import ResponseObject
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
@@ -155,16 +156,19 @@ class Gateway:
             )  # fmt: skip
 
     async def responses(self, http: web.Request) -> web.StreamResponse:
-        """OpenAI's Responses API, run as a chat (`responses_api.py`)."""
+        """OpenAI's Responses API, run as a chat (`responses_api.py`, `responses_output.py`)."""
         arrival = time.perf_counter()
         asked = parse_body(await http.read(), ResponsesRequest)
         shape = ResponseObject(asked, self.served_names[0])
         http[REQUEST_ID] = shape.id
-        generation = await self._start(asked.as_chat(), arrival)
+        chat = asked.as_chat()
+        generation = await self._start(chat, arrival)
+        if generation.tool_mode is not None:
+            shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
         if asked.stream:
-            answer = responses_api.answer_stream(http, shape, generation)
+            answer = responses_output.answer_stream(http, shape, generation)
         else:
-            answer = responses_api.answer_whole(shape, generation)
+            answer = responses_output.answer_whole(shape, generation)
         return await self._answered("responses", arrival, generation, answer)
 
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:

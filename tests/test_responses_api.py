@@ -1,6 +1,7 @@
 """OpenAI's Responses API through the running service and the official openai client
 (`client.responses`): a response is the chat it runs as, whole and as its stream of events;
-text formats constrain it; what a stateless server cannot do is refused by name."""
+text formats constrain it; what a stateless server cannot do is refused by name. Function tools:
+`test_responses_tools.py`."""
 
 from __future__ import annotations
 
@@ -94,11 +95,10 @@ def test_a_json_schema_format_constrains_the_text(client: openai.OpenAI) -> None
     [
         ({"store": True}, "store"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"background": True}, "background"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
-         "input[0].type"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
          "input[0].content"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),

@@ -33,6 +33,7 @@ from turnstile.gateway_svc.request_types import ChatCompletionRequest, Completio
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.responses_output import ResponseObject
+from turnstile.gateway_svc.responses_store import ResponsesStore
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
@@ -77,8 +78,10 @@ class Gateway:
         sampling_defaults: dict[str, float] | None = None,
         tool_parser: str | None = None,
         tokens_as_ids: bool = False,
+        responses_kept: int = 0,
     ) -> None:
         self.engine = engine
+        self.stored = ResponsesStore(responses_kept)  # for previous_response_id and GET
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids when a request is silent
         self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
         self.sampling_defaults = sampling_defaults or {}
@@ -98,6 +101,8 @@ class Gateway:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{response_id}", self.stored_response)
+        app.router.add_delete("/v1/responses/{response_id}", self.delete_response)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -161,15 +166,26 @@ class Gateway:
         asked = parse_body(await http.read(), ResponsesRequest)
         shape = ResponseObject(asked, self.served_names[0])
         http[REQUEST_ID] = shape.id
-        chat = asked.as_chat()
+        turn = asked.turn(self.stored.history(asked))
+        chat = asked.as_chat(turn)
         generation = await self._start(chat, arrival)
         if generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
+        shape.stored = self.stored.keeps(asked)
         if asked.stream:
             answer = responses_output.answer_stream(http, shape, generation)
         else:
             answer = responses_output.answer_whole(shape, generation)
-        return await self._answered("responses", arrival, generation, answer)
+        response = await self._answered("responses", arrival, generation, answer)
+        if shape.stored and shape.final is not None:
+            self.stored.keep(shape.final, turn)
+        return response
+
+    async def stored_response(self, http: web.Request) -> web.Response:
+        return web.json_response(self.stored.body(http.match_info["response_id"]))
+
+    async def delete_response(self, http: web.Request) -> web.Response:
+        return web.json_response(self.stored.delete(http.match_info["response_id"]))
 
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
         arrival = time.perf_counter()

@@ -39,6 +39,11 @@ class GatewayConfig:
     tool_call_parser: Literal["hermes", "llama3_json"] | None = setting(
         None, "how the model writes its tool calls (vLLM's parser names)"
     )
+    responses_store_size: int = setting(
+        0,
+        "Responses API responses kept in memory for previous_response_id and GET "
+        "/v1/responses/{id}, the oldest forgotten first (0: none; store: true is refused)",
+    )
     return_tokens_as_token_ids: bool = setting(
         False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
     )
@@ -46,6 +51,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+        if self.responses_store_size < 0:
+            raise ValueError("--responses-store-size must be >= 0")
 
     @property
     def auto_tool_parser(self) -> str | None:

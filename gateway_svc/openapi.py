@@ -71,6 +71,19 @@ def _get(summary: str, answer: str, *errors: int) -> dict[str, Any]:
     }
 
 
+def _stored() -> dict[str, Any]:
+    """GET and DELETE of a stored response (404 where none is kept under the id)."""
+    where = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    content = {"application/json": {"schema": {"type": "object"}}}
+    return {
+        method: {"summary": summary, "parameters": where,
+                 "responses": {"200": {"description": answer, "content": content},
+                               **_errors(401, 404)}}
+        for method, summary, answer in (("get", "A stored response", "the response"),
+                                        ("delete", "Forget a stored response", "deleted"))
+    }  # fmt: skip
+
+
 def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
     requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletion,
                 TokenizeChat, Detokenize]  # fmt: skip
@@ -95,10 +108,11 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
             "/v1/chat/completions": _post(["ChatCompletionRequest"], "Answer a chat", answer, True),
             "/v1/responses": _post(
                 ["ResponsesRequest"],
-                "Answer input (stateless)",
+                "Answer input",
                 "a response, or a stream of its events",
                 True,
             ),
+            "/v1/responses/{response_id}": _stored(),
             "/v1/models": _get("The served model", "model list", 401),
             "/tokenize": _post(
                 ["TokenizeCompletion", "TokenizeChat"],

@@ -1,9 +1,9 @@
-"""OpenAI's Responses API (`POST /v1/responses`), stateless as vLLM serves it without a store:
-the request becomes a chat (instructions as the system message, the input's items after it:
-messages, earlier function calls and their outputs), runs as one, and is answered as a
-`response` object or its stream of typed events (`responses_output.py`). Function tools are the
-chat's tools. What a stateless text server cannot do (stored responses, built-in tools,
-reasoning, background runs) is refused by name."""
+"""OpenAI's Responses API (`POST /v1/responses`): the request becomes a chat (instructions as the
+system message, then a stored previous response's conversation, `responses_store.py`, then the
+input's items: messages, earlier function calls and their outputs), runs as one, and is answered
+as a `response` object or its stream of typed events (`responses_output.py`). Function tools are
+the chat's tools. What a text server cannot do (built-in tools, reasoning, background runs) is
+refused by name."""
 
 from __future__ import annotations
 
@@ -61,8 +61,6 @@ class FunctionChoice(msgspec.Struct, forbid_unknown_fields=True):
 
 class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "store": (False,),  # nothing is kept: no response can be fetched or continued
-        "previous_response_id": (),
         "conversation": (),
         "prompt": (),
         "reasoning": (),
@@ -85,8 +83,9 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None  # false: a forced call is one call
     request_id: RequestId | None = None  # vLLM's: the response's id, as given
-    store: refused("false") = None
-    previous_response_id: refused("null") = None
+    # Kept for previous_response_id and GET (None: kept where the server keeps any, as OpenAI)
+    store: bool | None = None
+    previous_response_id: str | None = None  # continues that stored response's conversation
     conversation: refused("null") = None
     prompt: refused("null") = None
     reasoning: refused("null") = None
@@ -101,18 +100,24 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     safety_identifier: Unused = None
     prompt_cache_key: Unused = None
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The chat this request runs as, its fields checked."""
-        refuse_unsupported(self, self.REFUSED)
-        messages = [ChatMessage("system", self.instructions)] if self.instructions else []
+    def turn(self, history: list[ChatMessage]) -> list[ChatMessage]:
+        """`history` (a previous response's conversation) and this request's input after it."""
+        messages = list(history)
         if isinstance(self.input, str):
             messages.append(ChatMessage("user", self.input))
         else:
             for i, item in enumerate(self.input):
-                _add_item(messages, item, i)
+                add_item(messages, item, f"input[{i}]")
+        return messages
+
+    def as_chat(self, turn: list[ChatMessage]) -> ChatCompletionRequest:
+        """The chat this request runs as (the instructions, then `turn`), its fields
+        checked. A previous response's instructions are not carried over, as OpenAI's."""
+        refuse_unsupported(self, self.REFUSED)
+        system = [ChatMessage("system", self.instructions)] if self.instructions else []
         choice = self.tool_choice
         chat = ChatCompletionRequest(
-            messages=messages, model=self.model, max_completion_tokens=self.max_output_tokens,
+            messages=system + turn, model=self.model, max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, stream=self.stream,
             response_format=_format(self.text), parallel_tool_calls=self.parallel_tool_calls,
             tools=[Tool("function", FunctionDefinition(t.name, t.description, t.parameters,
@@ -124,10 +129,11 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
         return chat
 
 
-def _add_item(messages: list[ChatMessage], item: dict[str, Any], index: int) -> None:
-    """An input item onto the chat: a message of text, a call the model made (onto the
-    assistant's message before it, as a chat holds a turn's calls), or a call's output."""
-    where, kind = f"input[{index}]", item.get("type", "message")
+def add_item(messages: list[ChatMessage], item: dict[str, Any], where: str) -> None:
+    """An item (of an input, or a response's output) onto the chat: a message of text, a call
+    the model made (onto the assistant's message before it, as a chat holds a turn's calls), or
+    a call's output."""
+    kind = item.get("type", "message")
     if kind == "message":
         messages.append(_message(item, where))
     elif kind == "function_call":
@@ -140,8 +146,9 @@ def _add_item(messages: list[ChatMessage], item: dict[str, Any], index: int) -> 
         call = {"id": fields["call_id"], "type": "function",
                 "function": {"name": fields["name"], "arguments": fields["arguments"]}}  # fmt: skip
         last = messages[-1] if messages else None
-        if last is not None and last.role == "assistant":
-            last.tool_calls = [*(last.tool_calls or []), call]
+        if last is not None and last.role == "assistant":  # a copy: stored turns stay as kept
+            messages[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or []),
+                                                                     call])  # fmt: skip
         else:
             messages.append(ChatMessage("assistant", None, tool_calls=[call]))
     elif kind == "function_call_output":

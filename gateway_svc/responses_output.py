@@ -28,6 +28,8 @@ class ResponseObject:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # the items done, in order
         self.calls: CallReader | None = None  # where the request has tools
+        self.stored = False  # kept by the server's store once finished
+        self.final: dict[str, Any] | None = None  # the body as it finished
 
     def body(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         asked = self.asked
@@ -41,8 +43,9 @@ class ResponseObject:
             "temperature": asked.temperature, "top_p": asked.top_p,
             "parallel_tool_calls": asked.parallel_tool_calls is not False,
             "tool_choice": msgspec.to_builtins(choice),
-            "tools": msgspec.to_builtins(asked.tools or []), "previous_response_id": None,
-            "reasoning": None, "store": False,
+            "tools": msgspec.to_builtins(asked.tools or []),
+            "previous_response_id": asked.previous_response_id, "reasoning": None,
+            "store": self.stored,
             "text": {"format": msgspec.to_builtins(
                 asked.text.format if asked.text and asked.text.format else {"type": "text"}
             )}, "truncation": "disabled", "metadata": asked.metadata or {},
@@ -94,8 +97,8 @@ async def answer_whole(shape: ResponseObject, generation: Generation) -> web.Res
     if text or not calls:  # an answer without calls is a message, even an empty one
         shape.output.append(shape.message(f"msg_{uuid.uuid4().hex}", text, "completed"))
     shape.output += [shape.function_call(call) for call in calls]
-    body = shape.body(_status(finish), generation.usage())
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    shape.final = shape.body(_status(finish), generation.usage())
+    return web.Response(body=msgspec.json.encode(shape.final), content_type="application/json")
 
 
 class _Events:
@@ -182,6 +185,7 @@ async def answer_stream(
         await events.open_message()
     await events.close_message()
     status = _status(finish)
-    await events.write(f"response.{status}", response=shape.body(status, generation.usage()))
+    shape.final = shape.body(status, generation.usage())
+    await events.write(f"response.{status}", response=shape.final)
     await response.write_eof()
     return response

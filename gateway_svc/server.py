@@ -42,6 +42,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         sampling_defaults,
         settings.auto_tool_parser,
         settings.return_tokens_as_token_ids,
+        settings.responses_store_size,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -113,14 +113,12 @@ class PackedWeight:
 
     def unpack(self, ids: torch.Tensor) -> QuantizedWeight:
         """Rows `ids` back in their unpacked form."""
-        count, each = len(ids), torch.arange(len(ids))
-        panels, lane = self.panels[ids // PANEL], ids % PANEL
+        count, panel, lane = len(ids), ids // PANEL, ids % PANEL
+        every = self.panels.shape[0]
 
-        def lanes(
-            start: int, end: int
-        ) -> torch.Tensor:  # bytes of each block: [rows, blocks, n, 4]
-            part = panels[..., start:end].reshape(count, blocks, -1, PANEL, 4)
-            return part.permute(0, 3, 1, 2, 4)[each, lane]
+        def lanes(start: int, end: int) -> torch.Tensor:  # each row's bytes: [rows, blocks, n, 4]
+            # Only the rows' own lanes are gathered, not their panels' (16 times the bytes).
+            return self.panels[..., start:end].view(every, blocks, -1, PANEL, 4)[panel, :, :, lane]
 
         blocks, nibbles = self.shape[1] // BLOCK, PANEL * BLOCK // 2
         if self.bits == 8:
@@ -133,8 +131,8 @@ class PackedWeight:
             high = (lanes(nibbles, nibbles * 3 // 2)[:, :, :, None] >> shifts) & 3
             codes |= high.reshape(codes.shape) << 4
         end = PANEL * BLOCK * self.bits // 8
-        pairs = panels[..., end:].view(torch.float16).view(count, blocks, 2, PANEL)
-        pairs = pairs.permute(0, 3, 1, 2)[each, lane]
+        pairs = self.panels[..., end:].view(torch.float16).view(every, blocks, 2, PANEL)
+        pairs = pairs[panel, :, :, lane]
         scale, offset = pairs.reshape(count, -1), None  # 6-bit: both halves' scales, in order
         if self.bits != 6:
             scale, offset = pairs.unbind(-1)

@@ -116,6 +116,8 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
         refuse_unsupported(self, self.REFUSED)
         system = [ChatMessage("system", self.instructions)] if self.instructions else []
         choice = self.tool_choice
+        if choice == "auto" and not self.tools:
+            choice = None  # OpenAI's default, with nothing to call: no calls
         chat = ChatCompletionRequest(
             messages=system + turn, model=self.model, max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, stream=self.stream,

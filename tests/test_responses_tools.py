@@ -106,6 +106,11 @@ def test_a_later_turn_brings_the_calls_and_their_outputs(client: openai.OpenAI) 
     assert [item.type for item in response.output] == ["message"]
 
 
+def test_auto_without_tools_is_a_plain_answer(client: openai.OpenAI) -> None:
+    response = client.responses.create(**FIELDS, tool_choice="auto")
+    assert [item.type for item in response.output] == ["message"] and response.output_text
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

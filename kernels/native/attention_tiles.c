@@ -126,6 +126,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
     const int kept = mine->weights != NULL && g->packed >= 0;
     __m512 sum = _mm512_setzero_ps();
     for (long pass = 0; pass < a->dim; pass += DIMS_A_PASS) {
+        const int computing = pass == 0 || !kept; /* this pass's weights, from the scores */
         if (!kept) sum = _mm512_setzero_ps();
         const long groups = (a->dim - pass < DIMS_A_PASS ? a->dim - pass : DIMS_A_PASS) / 16;
         for (long i = 0; i < groups; i++) zero_tile(i);
@@ -133,7 +134,7 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
             const float *s = mine->scores + (c - from) * CHUNK * TILE;
             uint32_t *weights = kept ? mine->weights + (c - from) * 256 : fresh;
             __m512i pairs[CHUNK / 2]; /* [key pair][lane], then [lane][key pair] */
-            for (long k = 0; k < CHUNK / 2 && (pass == 0 || !kept); k++) {
+            for (long k = 0; k < CHUNK / 2 && computing; k++) {
                 __m512 p[2];
                 for (long e = 0; e < 2; e++) {
                     const __m512 x = _mm512_load_ps(s + 16 * (2 * k + e));
@@ -144,8 +145,8 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
                 const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
                 pairs[k] = _mm512_permutexvar_epi16(interleave, both);
             }
-            if (pass == 0 || !kept) transpose16(pairs);
-            for (long j = 0; j < heads && (pass == 0 || !kept); j++) /* zero in others' lanes */
+            if (computing) transpose16(pairs);
+            for (long j = 0; j < heads && computing; j++) /* KV head j's: zero in others' lanes */
                 for (long m = 0; m < TILE; m++)
                     _mm512_store_si512(weights + 256 * j + 16 * m,
                                        _mm512_maskz_mov_epi32(-(r.of[j] >> m & 1), pairs[m]));

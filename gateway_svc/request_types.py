@@ -20,10 +20,8 @@ TokenCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Logprobs = Annotated[int, Meta(ge=0, le=20)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
-# vLLM's: the id a response is answered under; printable, so it may travel as a header too
-RequestId = Annotated[str, Meta(pattern=r"^[!-~]{1,256}$")]
-# Accepted for compatibility and not used: hints for OpenAI's own billing, storage and abuse
-# tracking, which a self-hosted server has no use for.
+RequestId = Annotated[str, Meta(pattern=r"^[!-~]{1,256}$")]  # printable: a header's value too
+# Accepted, not used: hints for OpenAI's own billing, storage and abuse tracking.
 Unused = Annotated[Any, Meta(description="accepted and not used")]
 
 
@@ -119,8 +117,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # vLLM's: each prompt's last k tokens (the chat's as templated); -1: the context's length
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids
-    # vLLM's: logprobs name tokens "token_id:N"; None: the server's --return-tokens-as-token-ids
-    return_tokens_as_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: "token_id:N"; None: the server's
     request_id: RequestId | None = None  # vLLM's: the response's id is "chatcmpl-" or "cmpl-" it
     # vLLM's: only requests of the same salt share prefix-cached KV blocks (tenants apart)
     cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None

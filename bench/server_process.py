@@ -90,9 +90,11 @@ def launched_server(
     quiet: bool = True,
     env: dict[str, str] | None = None,
     addresses: bool = True,
+    log: Path | None = None,
 ) -> Iterator[Server]:
     """`turnstile serve` with `extra` options; `addresses`: name its ZeroMQ sockets, so that
-    tests can reach them, else leave them to serve (then `Server`'s addresses are empty)."""
+    tests can reach them, else leave them to serve (then `Server`'s addresses are empty);
+    `log`: where its log (stderr) goes."""
     # metrics is the scheduler's port; the executor serves on the next one, reserved here too.
     http, metrics, _ = free_ports(3)
     run_dir = Path(tempfile.mkdtemp(prefix="turnstile-test-"))  # 0700, as serve's own
@@ -105,7 +107,8 @@ def launched_server(
     ]  # fmt: skip
     env = {**os.environ, "TURNSTILE_LOG": "WARNING", **(env or {})}
     output = subprocess.DEVNULL if quiet else None
-    process = subprocess.Popen(command, env=env, stdout=output)
+    errors = open(log, "wb") if log is not None else None  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=errors)
     url = f"http://127.0.0.1:{http}"
     deadline = time.monotonic() + ready_timeout
     try:
@@ -125,3 +128,5 @@ def launched_server(
         except subprocess.TimeoutExpired:
             process.kill()
         shutil.rmtree(run_dir, ignore_errors=True)
+        if errors is not None:
+            errors.close()

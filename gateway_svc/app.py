@@ -7,7 +7,6 @@ import asyncio
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,6 +28,12 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
+from turnstile.gateway_svc.request_ids import (
+    REQUEST_ID,
+    answer_id,
+    log_ended,
+    request_id_header,
+)
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.responses_api import ResponsesRequest
@@ -43,13 +48,6 @@ from turnstile.shared.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-REQUEST_ID = "request_id"  # where a generation keeps the id it answers under
-
-
-async def request_id_header(http: web.Request, response: web.StreamResponse) -> None:
-    """X-Request-Id on an answer: the client's, else the id its generation answered under."""
-    if request_id := http.headers.get("X-Request-Id") or http.get(REQUEST_ID):
-        response.headers["X-Request-Id"] = request_id
 
 
 @web.middleware
@@ -79,8 +77,10 @@ class Gateway:
         tool_parser: str | None = None,
         tokens_as_ids: bool = False,
         responses_kept: int = 0,
+        log_requests: bool = False,
     ) -> None:
         self.engine = engine
+        self.log_requests = log_requests  # a line each request as it ends
         self.stored = ResponsesStore(responses_kept)  # for previous_response_id and GET
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids when a request is silent
         self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
@@ -176,7 +176,7 @@ class Gateway:
             answer = responses_output.answer_stream(http, shape, generation)
         else:
             answer = responses_output.answer_whole(shape, generation)
-        response = await self._answered("responses", arrival, generation, answer)
+        response = await self._answered(http, "responses", arrival, generation, answer)
         if shape.stored and shape.final is not None:
             self.stored.keep(shape.final, turn)
         return response
@@ -189,13 +189,10 @@ class Gateway:
 
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
         arrival = time.perf_counter()
-        # vLLM's order: the client's X-Request-Id header, the body's request_id, a fresh one
-        http[REQUEST_ID] = (
-            http.headers.get("X-Request-Id") or request.request_id or uuid.uuid4().hex
-        )
+        request_id = answer_id(http, request.request_id)
         generation = await self._start(request, arrival)
         chat = isinstance(request, ChatCompletionRequest)
-        shape = ResponseShape(chat, self.served_names[0], self.tokenizer, http[REQUEST_ID])
+        shape = ResponseShape(chat, self.served_names[0], self.tokenizer, request_id)
         as_ids = request.return_tokens_as_token_ids
         shape.tokens_as_ids = self.tokens_as_ids if as_ids is None else as_ids
         if request.return_token_ids:
@@ -206,22 +203,29 @@ class Gateway:
             answer = answer_stream(http, shape, generation, request)
         else:
             answer = answer_whole(shape, generation)
-        return await self._answered("chat" if chat else "completions", arrival, generation, answer)
+        endpoint = "chat" if chat else "completions"
+        return await self._answered(http, endpoint, arrival, generation, answer)
 
     async def _answered(
         self,
+        http: web.Request,
         endpoint: str,
         arrival: float,
         generation: Generation,
         answer: Awaitable[web.StreamResponse],
     ) -> web.StreamResponse:
+        status = "aborted"  # unless it ends otherwise: the client went away
         try:
             response = await answer
+            status = "200"
         except ApiError as exc:
-            metrics.REQUESTS.labels(endpoint, str(exc.status)).inc()
+            status = str(exc.status)
+            metrics.REQUESTS.labels(endpoint, status).inc()
             raise
         finally:
             generation.close()  # a no-op unless the client left early
+            if self.log_requests:
+                log_ended(http, endpoint, status, arrival, generation)
         metrics.REQUESTS.labels(endpoint, "200").inc()
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response

@@ -44,6 +44,9 @@ class GatewayConfig:
         "Responses API responses kept in memory for previous_response_id and GET "
         "/v1/responses/{id}, the oldest forgotten first (0: none; store: true is refused)",
     )
+    enable_log_requests: bool = setting(
+        False, "log a line each request as it ends: id, endpoint, status, tokens, seconds (as vLLM)"
+    )
     return_tokens_as_token_ids: bool = setting(
         False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
     )

@@ -43,6 +43,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.auto_tool_parser,
         settings.return_tokens_as_token_ids,
         settings.responses_store_size,
+        settings.enable_log_requests,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

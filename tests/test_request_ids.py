@@ -1,13 +1,16 @@
 """The id a response is answered under, as vLLM chooses it: the client's `X-Request-Id` header,
 else the body's `request_id`, else a fresh one, behind "chatcmpl-" or "cmpl-" (the Responses
 API's `request_id` is the response's id as given); the id comes back as the `X-Request-Id`
-header, streamed or whole. And `--return-tokens-as-token-ids`, vLLM's server default for the
-request field: this module's stack runs with it."""
+header, streamed or whole; `--enable-log-requests` logs a line as each ends, under its id. And
+`--return-tokens-as-token-ids`, vLLM's server default for the request field: this module's
+stack runs with both."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -22,9 +25,25 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 
 
 @pytest.fixture(scope="module")
-def service() -> Iterator[Server]:
-    with launched_server("--num-blocks", "256", "--return-tokens-as-token-ids") as running:
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve") / "serve.log"
+
+
+@pytest.fixture(scope="module")
+def service(log: Path) -> Iterator[Server]:
+    flags = ("--num-blocks", "256", "--return-tokens-as-token-ids", "--enable-log-requests")
+    with launched_server(*flags, log=log, env={"TURNSTILE_LOG": "INFO"}) as running:
         yield running
+
+
+def logged(log: Path, pattern: str) -> str:
+    """The log's line matching `pattern`, once it is there (a request logs as it ends)."""
+    for _ in range(100):
+        found = re.search(pattern, log.read_text())
+        if found:
+            return found.group(0)
+        time.sleep(0.1)
+    raise AssertionError(f"no line matching {pattern!r} in the log")
 
 
 def test_the_body_names_the_response(client: openai.OpenAI) -> None:
@@ -95,3 +114,17 @@ def test_the_server_flag_names_tokens_by_id_unless_a_request_says_otherwise(
     texts = asked.choices[0].logprobs.tokens
     assert [int(t.split(":")[1]) for t in by_default.tokens] != texts
     assert "".join(texts) == asked.choices[0].text
+
+
+def test_each_request_is_logged_as_it_ends_under_its_id(client: openai.OpenAI, log: Path) -> None:
+    answer = client.completions.create(**GREEDY, prompt="Once", extra_body={"request_id": "l-1"})
+    line = logged(log, r"request l-1 \(completions\) 200: .*")
+    usage = answer.usage
+    assert f"{usage.prompt_tokens} prompt tokens" in line
+    assert f", {usage.completion_tokens} generated" in line and "Once" not in line
+    with client.chat.completions.with_streaming_response.create(
+        model=MODEL, messages=HELLO, max_tokens=500, stream=True,
+        extra_headers={"X-Request-Id": "gone"}, extra_body={"ignore_eos": True},
+    ) as raw:  # fmt: skip
+        next(raw.iter_lines())  # the stream has begun; leaving closes it
+    assert "generated" in logged(log, r"request gone \(chat\) aborted: .*")

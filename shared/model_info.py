@@ -3,6 +3,7 @@ need the context length, EOS and chat template; the executor needs the rest)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -195,7 +196,8 @@ def write_atomically(path: Path, data: bytes | Callable[[Path], None]) -> bool:
             partial.write_bytes(data)
         partial.replace(path)
     except OSError as error:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a cache folder that is a file has no partial
+            partial.unlink(missing_ok=True)
         log.warning("not caching %s: %s", path, error)
         return False
     return True

@@ -14,6 +14,7 @@ from turnstile.shared.model_info import (
     derived_path,
     embedded_model_path,
     read_model_info,
+    write_atomically,
     write_derived,
 )
 from turnstile.shared.tokenizer import Tokenizer
@@ -86,6 +87,19 @@ def test_a_cache_derived_by_older_code_is_neither_read_nor_kept(
     assert new != old and new.parent == old.parent and not new.exists()
     assert write_derived(new, b"new")
     assert sorted(p.name for p in new.parent.iterdir()) == sorted([new.name, other.name])
+
+
+def test_a_cache_folder_that_is_a_file_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TURNSTILE_CACHE through a file: no folder can be made, and nothing raises (the partial
+    file's removal once did, NotADirectoryError not being FileNotFoundError)."""
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "file" / "cache"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"weights")
+    path = derived_path(model, "weights.safetensors")  # its digest not remembered, not raising
+    assert not write_derived(path, b"w") and not write_atomically(path, lambda p: None)
 
 
 @pytest.mark.slow

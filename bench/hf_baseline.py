@@ -9,14 +9,22 @@ would behind a static server) and a time per output token.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_model
 
 from turnstile.executor_svc.cpu_runtime import native_bf16_matmul
+from turnstile.shared.model_info import derived_path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -59,14 +67,41 @@ def load_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     if path.suffix == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=dtype
-        )
+        model = _from_gguf(path).to(dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     # Like ignore_eos: run past EOS (min_new_tokens would instead forbid EOS and change tokens).
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def _from_gguf(path: Path) -> torch.nn.Module:
+    """transformers' own reading of a GGUF file (float32), kept as a Hugging Face folder in the
+    model's cache: its GGUF loader parses the vocabulary and maps the tensor names for ~27 s a
+    load here, where the folder loads in ~2 s. Where the cache cannot be written, not kept."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    folder = derived_path(path, f"hf-transformers-{transformers.__version__}")
+    if folder.is_dir():
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    partial = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+    try:
+        # transformers will not save a model it loaded from GGUF (it counts as quantized), so
+        # its config less the GGUF marker and its weights (the tied embedding once).
+        config = model.config.to_dict()
+        del config["quantization_config"]
+        partial.mkdir(parents=True)
+        (partial / "config.json").write_text(json.dumps(config))
+        save_model(model, str(partial / "model.safetensors"))
+        partial.replace(folder)  # whole or not at all
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        log.warning("not caching %s: %s", folder, error)
+    return model
 
 
 def generate(

@@ -42,9 +42,10 @@ def fixed_length_requests(
     ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def service() -> Iterator[Server]:
-    """A stack of real processes for a test module. A small KV cache (256 blocks of 16 tokens)
+    """A stack of real processes that the test modules share (a start costs seconds; a module
+    needing other flags defines its own `service`). A small KV cache (256 blocks of 16 tokens)
     so that load really shares it."""
     with launched_server("--num-blocks", "256", "--max-num-seqs", "32") as running:
         yield running

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,26 +196,34 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90_and_sm80() -> None:
 
 
 @pytest.mark.slow
-def test_model_on_triton_kernels_generates_what_the_torch_path_generates() -> None:
+def test_model_on_triton_kernels_generates_what_the_torch_path_generates(tmp_path: Path) -> None:
     """The whole executor on the cuda backend (its Triton kernels interpreted here: a real GPU
-    is the one thing this machine lacks) against the torch reference, prefill and decode."""
+    is the one thing this machine lacks) against the torch reference, prefill in chunks and
+    decode, on a random two-layer Llama (the interpreter runs each program in Python)."""
+    from turnstile.bench import random_llama
     from turnstile.executor_svc.runner_config import RunnerConfig
     from turnstile.offline import OfflineEngine
     from turnstile.shared.protocol import AddRequest, pack_ids
 
-    prompts = [[504, 3575, 282, 4649, 314], list(range(1000, 1021))]
+    model = random_llama.write(
+        tmp_path, vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.2,
+    )  # fmt: skip
+    prompts = [[50, 357, 28, 464, 31], list(range(100, 121))]
     outputs = []
     for backend in ("torch", "cuda"):
         engine = OfflineEngine(
             build(
-                RunnerConfig, dtype="float32", num_blocks=16, max_num_seqs=2, backend=backend
+                RunnerConfig, model=str(model), dtype="float32", num_blocks=16, max_num_seqs=2,
+                backend=backend,
             ),
             SchedulingConfig(max_num_batched_tokens=16),
         )  # fmt: skip
         requests = [
-            AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=3, ignore_eos=True)
+            AddRequest(req_id=i, prompt_ids=pack_ids(p), max_tokens=8, ignore_eos=True)
             for i, p in enumerate(prompts)
         ]
         outputs.append([result.token_ids for result in engine.generate(requests)])
     assert outputs[0] == outputs[1]
-    assert all(len(tokens) == 3 for tokens in outputs[0])
+    assert all(len(tokens) == 8 for tokens in outputs[0])

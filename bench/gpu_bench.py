@@ -12,9 +12,13 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -169,23 +173,67 @@ def served(prompts: int, input_len: int, output_len: int) -> dict[str, object]:
     return {key: summary[key] for key in keep}
 
 
-def run(nominal_tbs: float, new_tokens: int, steps: int) -> dict[str, object]:
-    require_gpu()
-    bandwidth, nominal = copy_bandwidth(), nominal_tbs * 1e12
-    report: dict[str, object] = {
-        "device": torch.cuda.get_device_name(0),
-        "copy_bandwidth_tbs": bandwidth / 1e12,
-        "nominal_bandwidth_tbs": nominal_tbs,
-        "parity": parity(new_tokens),
-        "offline_256x128x128": offline(256, 128, 128, hf_batch=64),
-    }
-    rows = [1, 16, 64, 256]
-    embedded = embedded_model_path()
-    report["decode_embedded"] = decode_roofline(embedded, rows, 512, steps, bandwidth, nominal)
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What every section may use: the device's bandwidth and the command's settings."""
+
+    bandwidth: float  # bytes/s, by a device copy
+    nominal: float  # bytes/s, as the maker gives it
+    new_tokens: int  # parity's tokens per prompt
+    steps: int  # decode steps timed per batch size
+
+
+ROWS = [1, 16, 64, 256]
+
+
+def _decode_embedded(m: Measured) -> object:
+    return decode_roofline(embedded_model_path(), ROWS, 512, m.steps, m.bandwidth, m.nominal)
+
+
+def _decode_large(m: Measured) -> object:
     with tempfile.TemporaryDirectory() as folder:
         large = write_random_llama(Path(folder))
-        report["decode_llama_1b_random"] = decode_roofline(
-            large, rows, 512, steps, bandwidth, nominal
-        )
-    report["served_256x128x128"] = served(256, 128, 128)
+        return decode_roofline(large, ROWS, 512, m.steps, m.bandwidth, m.nominal)
+
+
+# Each section alone: a GPU's first run must not lose the others' figures to one failure.
+SECTIONS: dict[str, Callable[[Measured], object]] = {
+    "parity": lambda m: parity(m.new_tokens),
+    "offline_256x128x128": lambda m: offline(256, 128, 128, hf_batch=64),
+    "decode_embedded": _decode_embedded,
+    "decode_llama_1b_random": _decode_large,
+    "served_256x128x128": lambda m: served(256, 128, 128),
+}
+
+
+def run(
+    sections: list[str] | None,
+    nominal_tbs: float,
+    new_tokens: int,
+    steps: int,
+    report_to: Callable[[dict[str, object]], None],
+) -> dict[str, object]:
+    """The report so far goes to `report_to` as each section ends; a section that raises gives
+    its traceback's last lines in its place, and the next still runs. `sections`: None, all."""
+    unknown = set(sections or ()) - SECTIONS.keys()
+    if unknown:
+        raise SystemExit(f"no section {', '.join(sorted(unknown))}: choose from {list(SECTIONS)}")
+    require_gpu()
+    measured = Measured(copy_bandwidth(), nominal_tbs * 1e12, new_tokens, steps)
+    report: dict[str, object] = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "copy_bandwidth_tbs": measured.bandwidth / 1e12,
+        "nominal_bandwidth_tbs": nominal_tbs,
+    }
+    for name in sections or SECTIONS:
+        started = time.perf_counter()
+        try:
+            report[name] = SECTIONS[name](measured)
+        except Exception:  # reported, not raised: the other sections still run
+            report[name] = {"error": traceback.format_exc().splitlines()[-12:]}
+        report[f"{name}_seconds"] = round(time.perf_counter() - started, 1)
+        gc.collect()
+        torch.cuda.empty_cache()
+        report_to(report)
     return report

@@ -49,3 +49,27 @@ def test_the_commands_roofline_step_runs_where_no_gpu_is(tmp_path: Path) -> None
     for row in report:
         assert row["step_ms"] > 0
         assert row["of_measured_roofline"] == pytest.approx(4 * row["of_nominal_roofline"])
+
+
+def test_a_failing_section_is_reported_and_the_next_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU's first run must not lose every figure to one failure. No GPU here: the device's
+    name, bandwidth and cache are faked, the sections' loop is real."""
+    monkeypatch.setattr(gpu_bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu_bench, "copy_bandwidth", lambda: 4e12)
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_name", lambda _: "fake")
+    monkeypatch.setattr(gpu_bench.torch.cuda, "empty_cache", lambda: None)
+
+    def broken(measured: gpu_bench.Measured) -> object:
+        raise RuntimeError("a kernel failed")
+
+    sections = {"broken": broken, "fine": lambda m: {"steps": m.steps, "nominal": m.nominal}}
+    monkeypatch.setattr(gpu_bench, "SECTIONS", sections)
+    reports: list[dict[str, object]] = []
+    report = gpu_bench.run(None, 4.8, 8, 5, lambda r: reports.append(dict(r)))
+    assert "RuntimeError: a kernel failed" in report["broken"]["error"][-1]  # type: ignore[index]
+    assert report["fine"] == {"steps": 5, "nominal": 4.8e12}
+    assert ["broken" in r and "fine" not in r for r in reports] == [True, False]
+    with pytest.raises(SystemExit, match="no section nope"):
+        gpu_bench.run(["fine", "nope"], 4.8, 8, 5, reports.append)

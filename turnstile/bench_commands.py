@@ -93,7 +93,13 @@ def gpu(args: argparse.Namespace) -> None:
 
     from turnstile.bench.gpu_bench import run
 
-    print(json.dumps(run(args.nominal_tbs, args.new_tokens, args.steps), indent=2))
+    def report_to(report: dict[str, object]) -> None:
+        text = json.dumps(report, indent=2)
+        print(text, flush=True)
+        if args.output:
+            Path(args.output).write_text(text)
+
+    run(args.sections, args.nominal_tbs, args.new_tokens, args.steps, report_to)
 
 
 def startup(args: argparse.Namespace) -> None:

@@ -172,6 +172,12 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--new-tokens", type=int, default=64, help="parity: tokens per prompt")
     command.add_argument("--steps", type=int, default=20, help="decode steps timed per batch size")
+    command.add_argument(
+        "--sections", nargs="+", metavar="NAME",
+        help="only these sections, by their names in the report (an unknown name lists them); "
+        "default: all",
+    )  # fmt: skip
+    command.add_argument("--output", help="the report as JSON, rewritten as each section ends")
     command.set_defaults(handler=gpu)
     command = bench.add_parser("startup", help="launch to first answered request")
     command.add_argument("--runs", type=int, default=3)

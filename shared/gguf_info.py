@@ -10,31 +10,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gguf
+import numpy as np
 
+from turnstile.shared.gguf_header import TensorInfo, read_header
 from turnstile.shared.model_support import FREQUENCY_FACTORS, ORIGINAL, check_gguf_fields
 
 Field = Callable[..., Any]  # field(key, default=None): a metadata value
-Tensors = dict[str, gguf.ReaderTensor]
+Tensors = dict[str, TensorInfo]
 GEMMA = ("gemma2", "gemma3")
 # llama.cpp's sliding-layer pattern n (a layer slides unless it is the last of each n) and the
 # layer count of the 27B model, whose attention scale comes from hidden / heads.
 _GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding layers, fixed in llama.cpp
+_FLOATS = {0: "f4", 1: "f2"}  # GGML's F32 and F16: the types a factors' vector is stored in
 
 
 def gguf_fields(path: Path) -> dict[str, Any]:
     """`ModelInfo`'s fields for the GGUF file at `path`."""
-    reader, name = gguf.GGUFReader(path), path.name
+    header, name = read_header(path), path.name
 
     def field(key: str, default: object = None) -> Any:
-        found = reader.fields.get(key)
-        return default if found is None else found.contents()
+        return header.fields.get(key, default)
 
     arch = str(field("general.architecture"))
     check_gguf_fields(arch, field, name)
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    tensors = {tensor.name: tensor for tensor in header.tensors}
     hidden = int(field(f"{arch}.embedding_length"))
     heads = int(field(f"{arch}.attention.head_count"))
     layers = int(field(f"{arch}.block_count"))
@@ -58,7 +59,7 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "chat_template": field("tokenizer.chat_template"),
-        "rope_scaling": _rope_scaling(arch, field, tensors),
+        "rope_scaling": _rope_scaling(arch, field, tensors, path, header.little_endian),
         "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
         "layer_windows": _layer_windows(arch, field, layers),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
@@ -76,14 +77,20 @@ def gguf_fields(path: Path) -> dict[str, Any]:
     }
 
 
-def _rope_scaling(arch: str, field: Field, tensors: Tensors) -> dict[str, Any] | None:
+def _rope_scaling(
+    arch: str, field: Field, tensors: Tensors, path: Path, little_endian: bool
+) -> dict[str, Any] | None:
     """Linear and yarn scaling from their keys; llama.cpp stores Llama 3.1's scaling as each
     frequency's divisor (`rope_freqs`) and Phi-3's longrope as its two factor lists, with the
     attention factor and original context as keys: read back as transformers' longrope
     parameters."""
 
     def factors(tensor: str) -> list[float]:
-        return [float(f) for f in tensors[tensor].data]
+        info = tensors[tensor]
+        if info.kind not in _FLOATS:
+            raise ValueError(f"{path.name}: {tensor} is of GGML type {info.kind}, not F32 or F16")
+        dtype = np.dtype(_FLOATS[info.kind]).newbyteorder("<" if little_endian else ">")
+        return np.fromfile(path, dtype, count=info.dims[0], offset=info.offset).tolist()
 
     if "rope_freqs.weight" in tensors:
         return {"rope_type": FREQUENCY_FACTORS, "factors": factors("rope_freqs.weight")}

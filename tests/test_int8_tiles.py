@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -16,6 +15,7 @@ from gguf_models import random_blocks
 from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.backends.cpu import CpuNativeBackend
 from turnstile.executor_svc.backends.packed_projection import TiledProjection
+from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.kernels import cpu_native
 from turnstile.kernels.gguf_blocks import from_gguf
@@ -102,8 +102,8 @@ def test_silu_in_gate_ups_finish_gives_the_bits_of_the_product_then_silu() -> No
 def test_int8_keeps_trained_weights_not_blocks_of_scales_far_apart() -> None:
     """The embedded model's Q4_1 layer loses ~1% a block; random K-quant blocks, whose scales
     along a feature span orders of magnitude, lose most of their small blocks: kept as blocks."""
-    reader = gguf.GGUFReader(str(embedded_model_path()))
-    layer = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    _, tensors = gguf_tensors(embedded_model_path())
+    layer = next(t for t in tensors if t.name == "blk.0.ffn_down.weight")
     trained = from_gguf(np.array(layer.data), layer.tensor_type).dequantize()
     assert Int8Tiles.from_values(trained).faithful(trained)
     for kind in (Q.Q4_K, Q.Q6_K):

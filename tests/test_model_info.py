@@ -6,7 +6,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from turnstile.executor_svc.model.rope import rope_rotations
@@ -277,34 +276,3 @@ def test_a_hugging_face_id_is_found_in_the_local_cache_and_a_missing_one_named(
     assert missing.returncode == 1
     assert "acme/absent is neither a path nor in the Hugging Face cache" in missing.stderr
     assert str(tmp_path / "hub") in missing.stderr
-
-
-def test_a_gguf_files_tensors_come_from_their_cached_table_as_ggufs_reader_gives_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first read parses the file with gguf's reader and caches the tensors' table; a
-    later one maps the data by the table alone (a reader would raise), each tensor the same
-    name, type, shape and bytes as the reader's: float32 norms, Q4_K and Q6_K blocks."""
-    import gguf
-    from gguf_models import LlamaShape, Q, write_llama_gguf
-
-    from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
-
-    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
-    shape = LlamaShape(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=512)
-    kinds = {"token_embd": Q.Q6_K, "attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}
-    kinds |= dict.fromkeys(("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"), Q.Q4_K)
-    model = write_llama_gguf(tmp_path / "random.gguf", shape, kinds)
-    expected = gguf.GGUFReader(model).tensors
-    first = gguf_tensors(model)
-
-    def no_reader(*args: object) -> None:
-        raise AssertionError("the cached table was not used")
-
-    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
-    for arch, tensors in (first, gguf_tensors(model)):
-        assert arch == "llama" and len(tensors) == len(expected) == 2 + 9 * shape.layers
-        for got, want in zip(tensors, expected, strict=True):
-            assert (got.name, got.tensor_type) == (want.name, want.tensor_type)
-            assert got.data.dtype == want.data.dtype and got.data.shape == want.data.shape
-            assert np.array_equal(got.data.view(np.uint8), want.data.view(np.uint8))

@@ -13,6 +13,7 @@ import pytest
 
 from turnstile.bench.requantize import Q, quantize, requantize
 from turnstile.kernels import cpu_native
+from turnstile.shared.gguf_header import read_header
 from turnstile.shared.model_info import embedded_model_path
 
 
@@ -54,7 +55,7 @@ def test_every_block_format_loses_under_one_percent_perplexity_to_float32(
     with tempfile.TemporaryDirectory() as folder:  # its float32 copy: 0.5 GB, not kept
         monkeypatch.setenv("TURNSTILE_CACHE", folder)
         model = requantize(embedded_model_path(), Path(folder) / "mixed.gguf", _every_format)
-        kinds = {t.name: t.tensor_type for t in gguf.GGUFReader(model).tensors}
+        kinds = {t.name: t.kind for t in read_header(model).tensors}
         assert {kinds[f"blk.{i}.ffn_down.weight"] for i in (0, 1)} == {Q.Q4_K, Q.Q6_K}
         assert {kinds[f"blk.{i}.attn_q.weight"] for i in (0, 1, 2)} == {Q.Q4_0, Q.Q8_0, Q.Q4_1}
         report = measure(new_tokens=16, paths=("float32", "gguf"), model=model)

@@ -25,10 +25,8 @@ def generate(config: GenerateConfig, args: argparse.Namespace) -> None:
 
 
 def prepare(config: EngineConfig, _: argparse.Namespace) -> None:
-    """Build the caches a first start would otherwise build: model header, tokenizer, a GGUF
-    file's tensor table, dequantized weights, the native CPU kernels. Later starts only map
-    files."""
-    from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
+    """Build the caches a first start would otherwise build: model header, tokenizer,
+    dequantized weights, the native CPU kernels. Later starts only map files."""
     from turnstile.executor_svc.model.weights import load_weights
     from turnstile.kernels import cpu_native
     from turnstile.shared.model_info import read_model_info
@@ -37,8 +35,6 @@ def prepare(config: EngineConfig, _: argparse.Namespace) -> None:
     path = config.model_path
     info = read_model_info(path)
     Tokenizer(path, info)
-    if path.suffix == ".gguf":
-        gguf_tensors(path)
     load_weights(path, info)
     native = cpu_native.library()
     print(f"prepared {path}; native CPU kernels: {'built' if native else 'unavailable'}")

@@ -1,7 +1,5 @@
-"""A GGUF file's tensors without parsing its metadata again: gguf's reader parses every key before
-the tensors (the tokenizer's 49,152 strings among them: 2.5 of an executor's 3.6 s start here),
-so the tensors' table (name, type, shape, offset) is cached beside the model's other derived
-files, keyed by its content, and their data mapped from the file as gguf's reader maps it."""
+"""A GGUF file's tensors, their data mapped from the file as gguf's reader maps it, by the table
+`shared/gguf_header.py` reads (gguf's reader parses every value first: 4.4 s for SmolLM2)."""
 
 from __future__ import annotations
 
@@ -10,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import msgspec
 import numpy as np
 from gguf import GGMLQuantizationType as Kind
 
-from turnstile.shared.model_info import derived_path, write_derived
+from turnstile.shared.gguf_header import TensorInfo, read_header
 
 # Types gguf's reader gives as typed arrays; the others as each row's bytes.
 _PLAIN = {Kind.F16: np.float16, Kind.F32: np.float32, Kind.F64: np.float64, Kind.I8: np.int8,
@@ -28,37 +25,23 @@ class Tensor:
     data: np.ndarray  # as gguf's `ReaderTensor.data`
 
 
-class Table(msgspec.Struct, frozen=True):
-    architecture: str
-    tensors: list[tuple[str, int, list[int], int]]  # name, type, dims, offset in the file
-
-
 def gguf_tensors(path: Path) -> tuple[str, list[Tensor]]:
     """The file's architecture and its tensors, in the file's order."""
-    cached = derived_path(path, "tensors.json", (__file__,))
-    if cached.exists():
-        table = msgspec.json.decode(cached.read_bytes(), type=Table)
-    else:
-        reader = gguf.GGUFReader(path)
-        table = Table(
-            str(reader.fields["general.architecture"].contents()),
-            [(t.name, int(t.tensor_type), [int(d) for d in t.shape], int(t.data_offset))
-             for t in reader.tensors],
-        )  # fmt: skip
-        if reader.byte_order != "I":  # a file of the other byte order: gguf's reader swaps
-            tensors = [Tensor(t.name, t.tensor_type, t.data) for t in reader.tensors]
-            return table.architecture, tensors
-        write_derived(cached, msgspec.json.encode(table))
+    header = read_header(path)
     mapped = np.memmap(path, mode="r")
-    return table.architecture, [_tensor(mapped, *entry) for entry in table.tensors]
+    order = "<" if header.little_endian else ">"
+    architecture = str(header.fields["general.architecture"])
+    return architecture, [_tensor(mapped, info, order) for info in header.tensors]
 
 
-def _tensor(mapped: np.ndarray, name: str, kind: int, dims: list[int], offset: int) -> Tensor:
-    """As gguf's reader builds a tensor: dims reversed; a block type's rows as bytes."""
-    kind, shape = Kind(kind), tuple(reversed(dims))
+def _tensor(mapped: np.ndarray, info: TensorInfo, order: str) -> Tensor:
+    """As gguf's reader builds a tensor: dims reversed; a block type's rows as bytes; a typed
+    array in the file's byte order."""
+    kind, shape = Kind(info.kind), tuple(reversed(info.dims))
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    dtype = _PLAIN.get(kind, np.uint8)
-    if dtype is np.uint8:
+    dtype = np.dtype(_PLAIN.get(kind, np.uint8)).newbyteorder(order)
+    if dtype == np.uint8:
         shape = gguf.quant_shape_to_byte_shape(shape, kind)
-    count = math.prod(dims) * size // block
-    return Tensor(name, kind, mapped[offset : offset + count].view(dtype).reshape(shape))
+    count = math.prod(info.dims) * size // block
+    data = mapped[info.offset : info.offset + count].view(dtype).reshape(shape)
+    return Tensor(info.name, kind, data)

@@ -237,6 +237,8 @@ class SchedulerService:
             self.in_flight.sent(scheduler.step)
             self.metrics.plans_in_flight.set(len(self.in_flight))
             if unreachable is not None:
+                # What it sent before leaving (its StepFailed, with the cause) first.
+                self._drain_executors()
                 self._executor_lost(f"executor rank {unreachable} cannot take plans")
 
     def _finish_step(self, result: StepResult) -> None:

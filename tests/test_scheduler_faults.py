@@ -3,12 +3,31 @@ not fit their step, and requests whose steps kill their executor."""
 
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
+
 import msgspec
 import pytest
+import zmq
 from scheduler_harness import VOCAB, Harness, expected_output
 
+from turnstile.scheduler_svc.service import SchedulerService
+from turnstile.scheduler_svc.service_config import SchedulerServiceConfig
 from turnstile.shared.config import SchedulerConfig
-from turnstile.shared.protocol import AddRequest, FrameError, SamplingParams, StepResult, pack_ids
+from turnstile.shared.model_info import served_name
+from turnstile.shared.protocol import (
+    PROTOCOL_VERSION,
+    AddRequest,
+    BatchPlan,
+    FrameError,
+    Register,
+    RegisterReply,
+    SamplingParams,
+    StepFailed,
+    StepResult,
+    pack_ids,
+)
 from turnstile.shared.settings import build
 
 
@@ -147,3 +166,44 @@ def test_a_failure_blames_the_rows_of_the_failed_step_not_those_planned_after_it
     harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure="injected")
     crashes = {r.req_id: r.crashes for r in harness.scheduler.requests.values()}
     assert crashes == {1: 1, 2: 1, 3: 0}
+
+
+def test_an_executor_that_fails_a_step_and_leaves_is_blamed_for_the_failure_it_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the next plan sent ahead, an executor answers step 1, reports step 2 failed and
+    exits; step 1's answer makes room for plan 3, which finds the executor gone while its
+    report waits unread. The report's cause is what the requests are told (a client's error
+    says why), not that the executor could not take plan 3. The scheduler's own service,
+    in this process, on real ZeroMQ sockets; the executor a socket of the test's."""
+    executors = f"ipc://{tmp_path}/executors.sock"
+    settings = build(
+        SchedulerServiceConfig, scheduler_address=f"ipc://{tmp_path}/scheduler.sock",
+        executors_address=executors, max_num_seqs=8,
+    )  # fmt: skip
+    service = SchedulerService(settings)
+    executor = zmq.Context.instance().socket(zmq.DEALER)
+    executor.connect(executors)
+    info, engine = service.model, service.config.engine
+    executor.send(msgspec.msgpack.encode(Register(
+        PROTOCOL_VERSION, 0, served_name(engine.model_path), info.vocab_size, 64,
+        engine.block_size, 8, info.max_model_len,
+    )))  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not service.ready:
+        assert time.monotonic() < deadline, "the executor never registered"
+        service._drain_executors()
+    assert msgspec.msgpack.decode(executor.recv(), type=RegisterReply).accepted
+    service.scheduler.add_request(AddRequest(req_id=1, prompt_ids=pack_ids([5, 6]), max_tokens=8))
+    service._maybe_step()
+    steps = [msgspec.msgpack.decode(executor.recv(), type=BatchPlan).step for _ in range(2)]
+    executor.send(msgspec.msgpack.encode(StepResult(step=steps[0], sampled=pack_ids([7]))))
+    executor.send(msgspec.msgpack.encode(StepFailed(step=steps[1], error="RuntimeError: boom")))
+    executor.close(linger=1000)
+    time.sleep(0.5)  # both messages wait at the scheduler; the executor's pipe is closed
+    with caplog.at_level(logging.ERROR):
+        service._drain_executors()
+    lost = [r.getMessage() for r in caplog.records if "re-queueing" in r.getMessage()]
+    assert lost == [f"executor rank 0 failed step {steps[1]}: RuntimeError: boom: re-queueing "
+                    "1 running requests"]  # fmt: skip
+    assert not service.ready

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from turnstile.kernels import cpu_native
+from turnstile.kernels import cpu_native, native_build
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -48,7 +48,7 @@ def pin_rank(rank: int, size: int) -> None:
 def native_bf16_matmul(device: torch.device) -> bool:
     """Whether torch multiplies bf16 in hardware here (CUDA, AVX512-BF16, AMX): on an AVX2-only
     CPU its bf16 matmul runs at 1-16 GFLOP/s against 70-90 in fp32."""
-    return device.type == "cuda" or bool(cpu_native.cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return device.type == "cuda" or bool(native_build.cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def best_dtype(device: torch.device) -> str:

@@ -1,5 +1,5 @@
-"""The CPU's native kernels (`kernels/native/*.c`): built once per machine with the system C
-compiler, cached by a digest of their source, and called through ctypes.
+"""The CPU's native kernels (`kernels/native/*.c`): built once per machine (`native_build.py`)
+and called through ctypes.
 
 They link the OpenMP runtime torch has already loaded (same soname), so both share one thread
 pool. Where they cannot run (no AVX2 and FMA, no C compiler) `library()` is None and callers
@@ -10,25 +10,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from turnstile.shared.model_info import cache_dir
+from turnstile.kernels.native_build import build, cpu_flags, library_path
 
 log = logging.getLogger(__name__)
 
-NATIVE = Path(__file__).parent / "native"
-SOURCES = sorted(NATIVE.glob("*.c"))
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-FLAGS += ["-Werror=implicit-function-declaration", "-Werror=incompatible-pointer-types"]  # gcc 14
-LIBRARIES = ["-lm"]
 PANEL = 16  # output features per weight panel, as in gemm.c
 PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by
 
@@ -102,39 +94,6 @@ _RESULTS = dict.fromkeys(_VOID) | {"decode_layer_scratch": _LONG}
 # The quantized product's tiles, as simd.h numbers them: 256-bit without VNNI, 256-bit
 # VNNI (AVX-VNNI, or AVX512-VL's encoding of it), 512-bit VNNI.
 ISAS = ("avx2", "avx_vnni", "avx512_vnni")
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def library_path() -> Path:
-    """Where the build of these sources with these flags is cached."""
-    digest = hashlib.sha256(" ".join(FLAGS).encode())
-    for source in sorted(NATIVE.glob("*.[ch]")):
-        digest.update(source.read_bytes())
-    return cache_dir() / "native" / f"turnstile-{digest.hexdigest()[:16]}.so"
-
-
-def build(compiler: str = "cc") -> Path:
-    """Compile the sources into a shared library in the cache, unless it is already there."""
-    target = library_path()
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [compiler, *FLAGS, *map(str, SOURCES), *LIBRARIES, "-o", str(partial)]
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        partial.replace(target)
-        log.info("built the native CPU kernels: %s", target)
-    return target
 
 
 @functools.cache

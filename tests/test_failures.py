@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
@@ -47,35 +47,67 @@ def kill_child(server: Server, service: str) -> None:
     os.kill(server.service(service).pid, signal.SIGKILL)
 
 
+TOKENS = 64  # a stream's length; a fault comes once every stream has its first tokens
+
+
 async def stream(
-    session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int = 256
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    max_tokens: int = TOKENS,
+    under_way: asyncio.Event | None = None,
 ) -> tuple[str, list]:
-    """The streamed text and any error events; (text, [status]) if refused outright."""
-    # 256: long enough to be under way when the fault comes 1.5 s in, however fast a step is.
+    """The streamed text and any error events; (text, [status]) if refused outright.
+    `under_way` is set at its first text (or its end)."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
-    async with session.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            return "", [response.status]
-        text, errors = [], []
-        async for raw in response.content:
-            line = raw.decode().strip().removeprefix("data: ")
-            if not line or line == "[DONE]":
-                continue
-            event = json.loads(line)
-            if "error" in event:
-                errors.append(event["error"])
-            else:
-                text.append(event["choices"][0]["text"])
-        return "".join(text), errors
+    try:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                return "", [response.status]
+            text, errors = [], []
+            async for raw in response.content:
+                line = raw.decode().strip().removeprefix("data: ")
+                if not line or line == "[DONE]":
+                    continue
+                event = json.loads(line)
+                if "error" in event:
+                    errors.append(event["error"])
+                else:
+                    text.append(event["choices"][0]["text"])
+                    if under_way is not None:
+                        under_way.set()
+            return "".join(text), errors
+    finally:
+        if under_way is not None:
+            under_way.set()
 
 
-async def run_with_fault(url: str, kill: Callable[[], None] | None, max_tokens: int = 256) -> list:
+def start_streams(
+    session: aiohttp.ClientSession, url: str, prompts: list[str], max_tokens: int = TOKENS
+) -> tuple[list[asyncio.Task], Callable[[], Awaitable[None]]]:
+    """The prompts' streams, and what waits until each has its first text: a fault that
+    waits for it comes mid-stream however fast or slow this machine's steps are."""
+    events = [asyncio.Event() for _ in prompts]
+    tasks = [
+        asyncio.create_task(stream(session, url, prompt, max_tokens, event))
+        for prompt, event in zip(prompts, events, strict=True)
+    ]
+
+    async def under_way() -> None:
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), 60)
+
+    return tasks, under_way
+
+
+async def run_with_fault(
+    url: str, kill: Callable[[], None] | None, max_tokens: int = TOKENS
+) -> list:
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        tasks = [asyncio.create_task(stream(session, url, p, max_tokens)) for p in PROMPTS]
+        tasks, under_way = start_streams(session, url, PROMPTS, max_tokens)
         if kill is not None:
-            await asyncio.sleep(1.5)  # the streams are under way
+            await under_way()
             kill()
         return await asyncio.gather(*tasks)
 
@@ -129,14 +161,14 @@ def test_sigterm_drains_requests_under_way_before_stopping() -> None:
         async def stream_then_stop() -> tuple[str, list]:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                task = asyncio.create_task(stream(session, server.url, PROMPTS[0]))
-                await asyncio.sleep(1.0)
+                [task], under_way = start_streams(session, server.url, PROMPTS[:1])
+                await under_way()
                 server.process.send_signal(signal.SIGTERM)
                 return await task
 
         text, errors = asyncio.run(stream_then_stop())
         assert server.process.wait(timeout=60) == 0
-    assert not errors and len(text) > 20  # all 48 tokens arrived despite the SIGTERM
+    assert not errors and len(text) > 20  # all 64 tokens arrived despite the SIGTERM
 
 
 def scheduler_idle_after(server: Server, started: float, limit: float = 10) -> float:
@@ -171,8 +203,8 @@ def test_a_restarted_gateway_gets_its_own_answers_and_its_predecessors_requests_
 
     async def kill_gateway_under_load() -> float:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            streams = [asyncio.create_task(stream(session, server.url, p)) for p in PROMPTS[:4]]
-            await asyncio.sleep(1.5)  # the streams are under way
+            streams, under_way = start_streams(session, server.url, PROMPTS[:4])
+            await under_way()
             killed = time.monotonic()
             kill_child(server, "gateway")
             await asyncio.gather(*streams, return_exceptions=True)
@@ -200,17 +232,13 @@ def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(mod
     env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(poison_token)}
     flags = ["--num-blocks", "256", "--max-num-seqs", "8", *MODES[mode]]
     with launched_server(*flags, env=env) as server:
-        # Shorter streams than the other faults': each suspect then runs alone to its end.
-        undisturbed = asyncio.run(run_with_fault(server.url, None, max_tokens=128))
+        undisturbed = asyncio.run(run_with_fault(server.url, None))
 
         async def poison_beside_streams() -> tuple[list, int, dict]:
             timeout = aiohttp.ClientTimeout(total=180)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                streams = [
-                    asyncio.create_task(stream(session, server.url, p, max_tokens=128))
-                    for p in PROMPTS
-                ]
-                await asyncio.sleep(0.5)
+                streams, under_way = start_streams(session, server.url, PROMPTS)
+                await under_way()
                 body = {"model": MODEL, "prompt": [1, 2, poison_token], "max_tokens": 4}
                 async with session.post(f"{server.url}/v1/completions", json=body) as response:
                     status, error = response.status, (await response.json())["error"]
@@ -261,7 +289,8 @@ def test_requests_the_gateway_gives_up_on_are_aborted_not_left_running(server: S
 
 def test_every_request_ends_by_its_deadline_with_an_error_and_is_aborted() -> None:
     with launched_server("--num-blocks", "256", "--request-timeout", "1") as server:
-        results = asyncio.run(run_with_fault(server.url, None))
+        # Streams long enough to outlast the deadline on a fast machine.
+        results = asyncio.run(run_with_fault(server.url, None, max_tokens=256))
         for text, errors in results:
             assert text and [e["type"] for e in errors] == ["timeout"]
             assert "did not finish within 1 s" in errors[0]["message"]

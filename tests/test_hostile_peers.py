@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import zmq
 from conftest import MODEL
-from test_failures import stream
+from test_failures import start_streams
 
 from turnstile.bench.server_process import Server, launched_server
 from turnstile.shared.protocol import (
@@ -51,15 +51,15 @@ def undisturbed(server: Server) -> str:
 
 
 def beside(server: Server, abuse: Callable[[], None] | None) -> str:
-    """The text of a greedy stream with `abuse` run 0.5 s into it."""
+    """The text of a greedy stream with `abuse` run once it is under way."""
 
     async def run() -> str:
         import aiohttp
 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            task = asyncio.create_task(stream(session, server.url, PROMPT))
+            [task], under_way = start_streams(session, server.url, [PROMPT], max_tokens=256)
             if abuse is not None:
-                await asyncio.sleep(0.5)
+                await under_way()
                 await asyncio.to_thread(abuse)
             text, errors = await task
             assert not errors

@@ -1,4 +1,4 @@
-"""The native CPU kernels' build (kernels/cpu_native.py): it happens here, is cached by the
+"""The native CPU kernels' build (kernels/native_build.py): it happens here, is cached by the
 sources' digest, keeps what the sources ask of the compiler, and is None (the torch kernels
 then) without a compiler or where it fails."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from turnstile.kernels import cpu_native
+from turnstile.kernels import cpu_native, native_build
 
 
 def test_the_library_builds_on_this_machine() -> None:
     """AVX2, FMA and gcc are here: the production path must be the native one, not a fallback."""
-    assert {"avx2", "fma"} <= cpu_native.cpu_flags()
+    assert {"avx2", "fma"} <= native_build.cpu_flags()
     assert cpu_native.library() is not None
 
 
@@ -24,12 +24,12 @@ def test_a_build_is_cached_by_source_digest(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path))
-    first = cpu_native.build()
+    first = native_build.build()
     stamp = first.stat().st_mtime_ns
-    assert cpu_native.build() == first and first.stat().st_mtime_ns == stamp
+    assert native_build.build() == first and first.stat().st_mtime_ns == stamp
     # Other flags, another library: where nothing is built yet (so `build` compiles there).
-    monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-DTURNSTILE_TEST"])
-    assert cpu_native.library_path() != first and not cpu_native.library_path().exists()
+    monkeypatch.setattr(native_build, "FLAGS", [*native_build.FLAGS, "-DTURNSTILE_TEST"])
+    assert native_build.library_path() != first and not native_build.library_path().exists()
 
 
 def _text_with_headers(source: Path) -> str:
@@ -52,15 +52,13 @@ def test_every_source_that_prefetches_still_does_once_compiled(tmp_path: Path) -
     session 29's attention prefetch was never in the library (docs/benchmarks.md, session 30).
     Each source that asks for lines ahead is compiled as the library is, and its object must
     hold prefetch instructions."""
-    asking = [s for s in cpu_native.SOURCES if "_mm_prefetch" in _text_with_headers(s)]
+    asking = [s for s in native_build.SOURCES if "_mm_prefetch" in _text_with_headers(s)]
     assert {"attention.c", "attention_tiles.c", "gemm.c"} <= {s.name for s in asking}
-    flags = [flag for flag in cpu_native.FLAGS if flag != "-shared"]
-    subprocess.run(["cc", *flags, "-c", *map(str, asking)], cwd=tmp_path, check=True)
-    for source in asking:
+    objects = native_build.compile_objects(asking, tmp_path)
+    for source, compiled in zip(asking, objects, strict=True):
         code = subprocess.run(
-            ["objdump", "-d", str(tmp_path / f"{source.stem}.o")],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            ["objdump", "-d", str(compiled)], capture_output=True, text=True, check=True
+        ).stdout
         assert re.search(r"\sprefetch(t0|t1|t2|nta)\s", code), source.name
 
 
@@ -75,7 +73,7 @@ def test_without_a_compiler_or_with_a_failing_build_the_library_is_none(
             cpu_native.library.cache_clear()
             assert cpu_native.library() is None
         assert "no C compiler" in caplog.text
-        monkeypatch.setattr(cpu_native, "FLAGS", [*cpu_native.FLAGS, "-fno-such-flag"])
+        monkeypatch.setattr(native_build, "FLAGS", [*native_build.FLAGS, "-fno-such-flag"])
         cpu_native.library.cache_clear()
         assert cpu_native.library() is None
         assert "failed to build" in caplog.text and "no-such-flag" in caplog.text

@@ -18,7 +18,7 @@ import pytest
 import torch
 from gguf_models import LlamaShape, random_blocks, write_llama_gguf
 
-from turnstile.kernels import cpu_native
+from turnstile.kernels import cpu_native, native_build
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import (
     Q,
@@ -244,7 +244,7 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     0.4% of perplexity (`turnstile bench quality`)."""
     from turnstile.bench.memory_bench import measure
 
-    native = cpu_native.library_path().parent  # built already (needs_native): not again
+    native = native_build.library_path().parent  # built already (needs_native): not again
     monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))  # a random model's files
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "native").symlink_to(native)

@@ -1,4 +1,4 @@
-"""A bounded soak: two thousand short streamed requests, a tenth of them abandoned by their
+"""A bounded soak: a thousand short streamed requests, a tenth of them abandoned by their
 clients mid-answer, on a KV cache small enough to force preemption. Every request must be
 accounted for, and every block free at the end."""
 
@@ -17,7 +17,7 @@ from turnstile.bench.server_process import launched_server
 
 pytestmark = pytest.mark.slow  # starts a stack or loads models
 
-REQUESTS = 2000
+REQUESTS = 1000
 CONCURRENCY = 48
 
 

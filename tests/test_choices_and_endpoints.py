@@ -1,12 +1,13 @@
 """What the gateway itself does with a request, through the running service and the official
 openai client: n choices (sharing the prompt's KV blocks), several prompts, echo, stop text,
-max_tokens defaults, the token endpoints, served names and a chat template file."""
+max_tokens defaults (a chat's to the end of the KV cache), the token endpoints, served names and a
+chat template file."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -23,24 +24,11 @@ def root(service: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=service.url, api_key="unused", max_retries=0)
 
 
-def test_max_tokens_defaults_as_vllm(
-    service: Server, client: openai.OpenAI, root: openai.OpenAI
-) -> None:
+def test_max_tokens_defaults_as_vllm(client: openai.OpenAI) -> None:
     completion = client.completions.create(
         model=MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
     )
     assert completion.usage.completion_tokens == 16  # completions: 16, as OpenAI
-    # Chat: the rest of the context, here bounded by the KV cache (256 blocks of 16 tokens).
-    room = 40
-    messages = [{"role": "user", "content": "hi " * (256 * 16 - room)}]
-    counted = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
-    messages[0]["content"] = "hi " * (256 * 16 - room - (counted - (256 * 16 - room)))
-    prompt = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
-    chat = client.chat.completions.create(
-        model=MODEL, messages=messages, temperature=0, extra_body={"ignore_eos": True}
-    )
-    assert chat.usage.prompt_tokens == prompt and chat.choices[0].finish_reason == "length"
-    assert chat.usage.completion_tokens == 256 * 16 - prompt > 16
 
 
 def test_n_choices_differ_by_seed_and_several_prompts_come_in_order(
@@ -158,8 +146,10 @@ def test_tokenize_detokenize_and_version(client: openai.OpenAI, root: openai.Ope
     assert root.get("/version", cast_to=object)["version"]
 
 
-def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
-    template = tmp_path / "template.jinja"
+@pytest.fixture(scope="module")
+def named(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Two served names, a chat template file, and a KV cache of 64 blocks of 16 tokens."""
+    template = tmp_path_factory.mktemp("template") / "template.jinja"
     template.write_text(
         "{% if messages[0].role != 'user' %}{{ raise_exception('Start with the user') }}{% endif %}"
         "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -169,26 +159,46 @@ def test_served_model_names_and_a_chat_template_file(tmp_path: Any) -> None:
         "--served-model-name", "first", "org/second", "--chat-template", str(template),
         "--num-blocks", "64",
     ) as server:  # fmt: skip
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-        assert [m.id for m in client.models.list().data] == ["first", "org/second"]
-        answer = client.chat.completions.create(
-            model="org/second", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+        yield server
+
+
+def test_served_model_names_and_a_chat_template_file(named: Server) -> None:
+    client = openai.OpenAI(base_url=f"{named.url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["first", "org/second"]
+    answer = client.chat.completions.create(
+        model="org/second", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    assert answer.model == "first"
+    root = openai.OpenAI(base_url=named.url, api_key="unused", max_retries=0)
+    rendered = root.post(
+        "/tokenize", cast_to=object,
+        body={"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": True},
+    )  # fmt: skip
+    text = root.post("/detokenize", cast_to=object, body={"tokens": rendered["tokens"]})
+    assert text["prompt"] == "[user] Hi\n[assistant]"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as refusal:  # the template's own words
+        client.chat.completions.create(
+            model="first", messages=[{"role": "assistant", "content": "Hi"}], max_tokens=1
         )
-        assert answer.model == "first"
-        root = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
-        rendered = root.post(
-            "/tokenize", cast_to=object,
-            body={"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": True},
-        )  # fmt: skip
-        text = root.post("/detokenize", cast_to=object, body={"tokens": rendered["tokens"]})
-        assert text["prompt"] == "[user] Hi\n[assistant]"
-        with pytest.raises(openai.NotFoundError):
-            client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
-        with pytest.raises(openai.BadRequestError) as refusal:  # the template's own words
-            client.chat.completions.create(
-                model="first", messages=[{"role": "assistant", "content": "Hi"}], max_tokens=1
-            )
-        assert "Start with the user" in refusal.value.body["message"]
+    assert "Start with the user" in refusal.value.body["message"]
+
+
+def test_a_chat_without_max_tokens_runs_to_the_end_of_the_kv_cache(named: Server) -> None:
+    """As vLLM: the rest of the context, here bounded by the KV cache (64 blocks of 16)."""
+    client = openai.OpenAI(base_url=f"{named.url}/v1", api_key="unused", max_retries=0)
+    root = openai.OpenAI(base_url=named.url, api_key="unused", max_retries=0)
+    room, tokens = 40, 64 * 16
+    messages = [{"role": "user", "content": "hi " * (tokens - room)}]
+    counted = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
+    messages[0]["content"] = "hi " * (tokens - room - (counted - (tokens - room)))
+    prompt = root.post("/tokenize", cast_to=object, body={"messages": messages})["count"]
+    chat = client.chat.completions.create(
+        model="first", messages=messages, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert chat.usage.prompt_tokens == prompt and chat.choices[0].finish_reason == "length"
+    assert chat.usage.completion_tokens == tokens - prompt > 16
 
 
 @pytest.mark.parametrize("generation_config", ["auto", "none"])

@@ -41,7 +41,7 @@ def _fp16(raw: np.ndarray) -> np.ndarray:
 def _q8_0(raw: np.ndarray) -> Unpacked:
     """The int8 plus 128 (unsigned, as every other format), offset -128 d."""
     d = _fp16(raw[..., :2])
-    codes = (raw[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    codes = raw[..., 2:] ^ np.uint8(0x80)  # int8 v's byte, sign bit flipped: v + 128
     return codes, d, (d.astype(np.float32) * -128).astype(np.float16)
 
 

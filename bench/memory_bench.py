@@ -51,6 +51,9 @@ def _load(model: str, quantization: str, num_blocks: str, products: str) -> None
                    num_blocks=int(num_blocks), cpu_products=products)  # fmt: skip
     before = resident_bytes()
     runner = ModelRunner(config)
+    for keys, values in runner.kv_caches:  # resident, as a full server's (its pages are lazy)
+        keys.zero_()
+        values.zero_()
     gc.collect()
     after = resident_bytes()
     kv = sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)

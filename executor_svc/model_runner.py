@@ -10,6 +10,7 @@ import torch
 
 from turnstile.executor_svc.backend import DTYPES, DeviceStep
 from turnstile.executor_svc.backends import create_backend
+from turnstile.executor_svc.cpu_runtime import zero_pages
 from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.weights import load_weights
@@ -71,11 +72,7 @@ class ModelRunner:
         shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-            )
-            for _ in range(self.info.num_layers)
+            (self._zeros(shape), self._zeros(shape)) for _ in range(self.info.num_layers)
         ]
         self.backend.bind(self.model, self.kv_caches)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
@@ -101,6 +98,11 @@ class ModelRunner:
         self.applier.step = first_step - 1
         self.grammars.clear()
         self._in_flight = []
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return zero_pages(shape, self.kv_dtype)
+        return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     def _blocks_for(self, gib: float) -> int:
         info = self.info

@@ -83,6 +83,24 @@ def test_the_quantized_product_is_the_reference_on_every_isa(
 
 
 @needs_native
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_the_quantized_products_integer_sums_hold_at_their_bounds(bits: int) -> None:
+    """Every code at its largest (and 8-bit codes also at their smallest) times activations at
+    +-127: AVX2 sums products in int16 for as many groups as it holds (quantized_avx2.c)."""
+    offset = {4: 0.5, 6: -32.0, 8: -128.0}[bits]  # 6 and 8 bits: Q6_K's and Q8_0's m / d
+    group = 16 if bits == 6 else 32
+    for code in (2**bits - 1, 0) if bits == 8 else (2**bits - 1,):
+        codes = torch.full((32, 256), code, dtype=torch.uint8)
+        scale = torch.full((32, 256 // group), 0.01, dtype=torch.float16)
+        weight = QuantizedWeight(codes, scale, (scale.float() * offset).half(), bits)
+        x = torch.ones(4, 256) * torch.tensor([[1.0], [-1.0], [0.5], [-3.0]])
+        expected = reference_linear(x, weight)
+        for isa in cpu_native.usable_isas():
+            result = cpu_native.linear_quantized(x, pack(weight).panels, 32, bits, isa=isa)
+            torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
 def test_a_row_of_the_quantized_product_does_not_depend_on_its_batch() -> None:
     """Recomputing a preempted sequence alone must give the bits it had in a batch."""
     weight = _weight(Q.Q4_1, 64, 256)

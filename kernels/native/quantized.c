@@ -24,9 +24,10 @@ static inline int sum_ints(__m256i v) {
 }
 
 /* Per block of 32: dx = max|x| / 127, codes round(x / dx) (to nearest even, as torch.round),
- * and dx times their sum, and times each half's, which the weights' offsets multiply. */
+ * and dx times their sum, and times each half's, which the weights' offsets multiply; the sum
+ * itself for AVX2's 8-bit tiles (quantized_avx2.c). */
 static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx,
-                          float *sh) {
+                          float *sh, int32_t *qs) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
 #pragma omp parallel for if (M >= 16)
     for (long s = 0; s < M * (K / QBLOCK); s++) {
@@ -51,6 +52,7 @@ static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx,
         const int first = sum_ints(_mm256_add_epi32(q[0], q[1]));
         const int second = sum_ints(_mm256_add_epi32(q[2], q[3]));
         dx[s] = d;
+        qs[s] = first + second;
         sx[s] = d * (float)(first + second);
         sh[2 * s] = d * (float)first;
         sh[2 * s + 1] = d * (float)second;
@@ -82,15 +84,16 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
                      const float *residual, long M, long N, long K, long ldy, int bits, int isa) {
     const long blocks = K / QBLOCK;
     int8_t *xq = malloc(M * K);
-    float *scales = malloc(sizeof(float) * 4 * M * blocks); /* dx, sx, then sh (two a block) */
+    float *scales = malloc(sizeof(float) * 5 * M * blocks); /* dx, sx, sh (two a block), qs */
     if (!xq || !scales) {
         free(xq);
         free(scales);
         return -1;
     }
     float *sx = scales + M * blocks, *sh = sx + M * blocks;
-    quantize_rows(x, M, K, xq, scales, sx, sh);
-    QProduct p = {xq, scales, sx, sh, w, y, bias, residual, M, N, K, ldy, bits};
+    int32_t *qs = (int32_t *)(sh + 2 * M * blocks);
+    quantize_rows(x, M, K, xq, scales, sx, sh, qs);
+    QProduct p = {xq, scales, sx, sh, qs, w, y, bias, residual, M, N, K, ldy, bits};
     const Product product = product_for(isa);
     const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;
     long block_rows = BLOCK_CODES / K / TILE_ROWS * TILE_ROWS;

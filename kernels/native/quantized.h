@@ -23,6 +23,7 @@ typedef struct {
     const float *dx;       /* [M][K / 32] their scales */
     const float *sx;       /* [M][K / 32] dx * the sum of a block's codes */
     const float *sh;       /* [M][K / 16] dx * the sum of each half block's codes */
+    const int32_t *qs;     /* [M][K / 32] the sum of a block's codes */
     const uint8_t *w;      /* the panels */
     float *y;              /* [M][N] */
     const float *bias;     /* [N] or NULL */
@@ -42,20 +43,28 @@ void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
 /* A row's block sums into OUT, in vectors of V bits (256 or 512) of output features: `d`, `m`
  * (the block's scales), `p` and `s` (the row's block) in scope; LO and HI the integer sums, HI
  * of the second half block (6-bit codes: one sum a half, each with its scale). One macro for
- * every ISA: the same float steps, so the same bits. */
-#define QFINISH(V, BITS, LO, HI, OUT)                                                         \
+ * every ISA: the same float steps, so the same bits. In two steps, the first of LO alone, for a
+ * tile that finishes the first half of 6-bit codes before it sums the second. */
+#define QFINISH_FIRST(V, BITS, LO, OUT)                                                       \
     if (BITS == 6) {                                                                          \
-        const float *half = p->sh + 2 * s, dxs = p->dx[s];                                    \
-        __m##V lo = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(LO), _mm##V##_set1_ps(dxs),        \
-                                      _mm##V##_set1_ps(-32.0f * half[0]));                    \
-        __m##V hi = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(HI), _mm##V##_set1_ps(dxs),        \
-                                      _mm##V##_set1_ps(-32.0f * half[1]));                    \
-        OUT = _mm##V##_fmadd_ps(m, hi, _mm##V##_fmadd_ps(d, lo, OUT));                        \
+        __m##V lo = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(LO), _mm##V##_set1_ps(p->dx[s]),   \
+                                      _mm##V##_set1_ps(-32.0f * p->sh[2 * s]));               \
+        OUT = _mm##V##_fmadd_ps(d, lo, OUT);                                                  \
     } else {                                                                                  \
         __m##V dd = _mm##V##_mul_ps(d, _mm##V##_set1_ps(p->dx[s]));                           \
         OUT = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(LO), dd, OUT);                           \
+    }
+#define QFINISH_SECOND(V, BITS, HI, OUT)                                                      \
+    if (BITS == 6) {                                                                          \
+        __m##V hi = _mm##V##_fmadd_ps(_mm##V##_cvtepi32_ps(HI), _mm##V##_set1_ps(p->dx[s]),   \
+                                      _mm##V##_set1_ps(-32.0f * p->sh[2 * s + 1]));           \
+        OUT = _mm##V##_fmadd_ps(m, hi, OUT);                                                  \
+    } else {                                                                                  \
         OUT = _mm##V##_fmadd_ps(m, _mm##V##_set1_ps(p->sx[s]), OUT);                          \
     }
+#define QFINISH(V, BITS, LO, HI, OUT) \
+    QFINISH_FIRST(V, BITS, LO, OUT)   \
+    QFINISH_SECOND(V, BITS, HI, OUT)
 
 /* Each ISA's file defines QTILE(BITS, ROWS), a tile function tileBITS_ROWS(p, row, panel) over
  * one panel, then expands QPRODUCTS(name): every tile, and `name`, which picks one by rows.

@@ -1,10 +1,19 @@
 /* The quantized product's tiles in 256-bit vectors, for every ISA that has them: the includer
- * defines QDOT(BITS, acc, w, x), acc plus the int32 sums, for 8 features, of 4 codes (unsigned,
- * BITS wide) times 4 activation codes (signed), then expands QPRODUCTS (quantized.h). */
+ * defines QDOT(BITS, part, w, x), part plus the sums, for 8 features, of 4 codes (unsigned, BITS
+ * wide) times 4 activation codes (signed), then expands QPRODUCTS (quantized.h). Partial sums
+ * narrower than int32 (AVX2's) define, before the include, QSPAN(BITS), the groups a partial
+ * holds, QWIDEN(acc, part), acc plus a partial, and QSTORED(BITS, acc, xsum), the sums of the
+ * codes as stored from acc and the activation codes' sum. */
 #pragma once
 #include <immintrin.h>
 
 #include "quantized.h"
+
+#ifndef QSPAN /* int32 partials (VNNI): one a half block */
+#define QSPAN(BITS) (BITS == 6 ? 4 : 8)
+#define QWIDEN(acc, part) _mm256_add_epi32(acc, part)
+#define QSTORED(BITS, acc, xsum) (acc)
+#endif
 
 #define PREFETCH_AHEAD 1024
 
@@ -23,13 +32,14 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
     return _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
 }
 
-/* ROWS rows against one panel, a half (8 features) at a time, blocks in k order. */
+/* ROWS rows against one panel, a half (8 features) at a time, blocks in k order: a half block's
+ * codes in registers, then a row at a time its 8 groups, the sums' chain unrolled; the outputs'
+ * sums in memory, so that the codes and a row's sums keep the registers. */
 #define QTILE(BITS, ROWS)                                                                       \
     static void tile##BITS##_##ROWS(const QProduct *p, long row, long panel) {                  \
         const long blocks = p->K / QBLOCK, bytes = qblock_bytes(BITS);                          \
-        const long codes = QPANEL * QBLOCK * BITS / 8;                                          \
-        __m256 out[ROWS][2];                                                                    \
-        for (int j = 0; j < ROWS; j++) out[j][0] = out[j][1] = _mm256_setzero_ps();             \
+        const long codes = QPANEL * QBLOCK * BITS / 8, words = p->K / 4; /* a row's, of codes */ \
+        float tile[ROWS][QPANEL] = {0};                                                         \
         for (long b = 0; b < blocks; b++) {                                                     \
             const uint8_t *blk = p->w + (panel * blocks + b) * bytes;                           \
             _mm_prefetch((const char *)blk + PREFETCH_AHEAD, _MM_HINT_T0);                      \
@@ -38,27 +48,27 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
                 __m256i w[8];                                                                   \
                 for (int c = 0; c < 8; c++) w[c] = codes_##BITS(blk, c, h);                     \
                 const __m128i *scales = (const __m128i *)(blk + codes + 16 * h);                \
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(scales));                            \
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(scales + 2));                        \
-                __m256i acc[2][ROWS]; /* the second: 6-bit codes' second half */              \
-                for (int j = 0; j < ROWS; j++) acc[0][j] = acc[1][j] = _mm256_setzero_si256();  \
-                for (int c = 0; c < 8; c++) {                                                   \
-                    const int k = BITS == 6 && c >= 4;                                          \
-                    for (int j = 0; j < ROWS; j++)                                              \
-                        acc[k][j] = QDOT(BITS, acc[k][j], w[c],                                 \
-                                         _mm256_set1_epi32(xq[j * p->K / 4 + c]));              \
-                }                                                                               \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(scales));                      \
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(scales + 2));                  \
                 for (int j = 0; j < ROWS; j++) {                                                \
                     const long s = (row + j) * blocks + b;                                      \
-                    QFINISH(256, BITS, acc[0][j], acc[1][j], out[j][h])                         \
+                    const int32_t *x = xq + j * words;                                          \
+                    __m256 out = _mm256_loadu_ps(tile[j] + 8 * h);                              \
+                    __m256i acc = _mm256_setzero_si256(), part = _mm256_setzero_si256();        \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                       \
+                        part = QDOT(BITS, part, w[c], _mm256_set1_epi32(x[c]));                 \
+                        if ((c + 1) % QSPAN(BITS)) continue;                                    \
+                        acc = QWIDEN(acc, part);                                                \
+                        part = _mm256_setzero_si256();                                          \
+                        if (BITS != 6 || c != 3) continue;                                      \
+                        QFINISH_FIRST(256, BITS, acc, out) /* 6-bit codes' first half */        \
+                        acc = _mm256_setzero_si256();                                           \
+                    }                                                                           \
+                    if (BITS != 6) QFINISH_FIRST(256, BITS, QSTORED(BITS, acc, p->qs[s]), out)  \
+                    QFINISH_SECOND(256, BITS, acc, out)                                         \
+                    _mm256_storeu_ps(tile[j] + 8 * h, out);                                     \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
-        float tile[ROWS][QPANEL];                                                               \
-        for (int j = 0; j < ROWS; j++) {                                                        \
-            _mm256_storeu_ps(tile[j], out[j][0]);                                               \
-            _mm256_storeu_ps(tile[j] + 8, out[j][1]);                                           \
-        }                                                                                       \
         qstore_tile(p, row, ROWS, panel * QPANEL, tile[0]);                                     \
     }
-

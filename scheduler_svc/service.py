@@ -224,12 +224,9 @@ class SchedulerService:
 
     def _maybe_step(self) -> None:
         scheduler = self.scheduler
-        while (
-            scheduler is not None
-            and self.ready
-            and self.in_flight.has_room
-            and scheduler.wants_step(time.monotonic())
-        ):
+        while scheduler is not None and self.ready and self.in_flight.has_room:
+            if not scheduler.wants_step(time.monotonic()):
+                return
             started = time.perf_counter()
             plan_bytes, unreachable = self.link.broadcast(scheduler.schedule())
             self.metrics.step_seconds.observe(time.perf_counter() - started)
@@ -237,8 +234,7 @@ class SchedulerService:
             self.in_flight.sent(scheduler.step)
             self.metrics.plans_in_flight.set(len(self.in_flight))
             if unreachable is not None:
-                # What it sent before leaving (its StepFailed, with the cause) first.
-                self._drain_executors()
+                self._drain_executors()  # its StepFailed, with the cause, first
                 self._executor_lost(f"executor rank {unreachable} cannot take plans")
 
     def _finish_step(self, result: StepResult) -> None:

@@ -9,7 +9,7 @@
 
 #include "quantized.h"
 
-#ifndef QSPAN /* int32 partials (VNNI): one a half block */
+#ifndef QSPAN /* int32 partials (VNNI): widened once a block (6-bit codes: each 16 inputs) */
 #define QSPAN(BITS) (BITS == 6 ? 4 : 8)
 #define QWIDEN(acc, part) _mm256_add_epi32(acc, part)
 #define QSTORED(BITS, acc, xsum) (acc)

@@ -8,8 +8,14 @@ import gc
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from turnstile.executor_svc.model_runner import ModelRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +55,18 @@ def _load(model: str, quantization: str, num_blocks: str, products: str) -> None
 
     config = build(RunnerConfig, model=model, quantization=quantization,
                    num_blocks=int(num_blocks), cpu_products=products)  # fmt: skip
+    print(json.dumps(asdict(footprint(Path(model), lambda: ModelRunner(config)))))
+
+
+def footprint(model: Path, load: Callable[[], ModelRunner]) -> Footprint:
+    """What `load` adds to this process's resident set, its KV cache made resident as a full
+    server's (its pages are lazy)."""
     before = resident_bytes()
-    runner = ModelRunner(config)
-    for keys, values in runner.kv_caches:  # resident, as a full server's (its pages are lazy)
+    runner = load()
+    for keys, values in runner.kv_caches:
         keys.zero_()
         values.zero_()
     gc.collect()
     after = resident_bytes()
     kv = sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)
-    print(json.dumps(dict(file_bytes=Path(model).stat().st_size, resident_bytes=after - before,
-                          kv_bytes=kv)))  # fmt: skip
+    return Footprint(model.stat().st_size, after - before, kv)

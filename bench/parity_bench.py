@@ -30,9 +30,11 @@ PROMPTS = [
 ]
 
 
-def prompt_ids() -> list[list[int]]:
-    path = embedded_model_path()
-    tokenizer = Tokenizer(path, read_model_info(path))
+def prompt_ids(tokenizer: Tokenizer | None = None) -> list[list[int]]:
+    """The prompts in `tokenizer`'s ids, the embedded model's by default."""
+    if tokenizer is None:
+        path = embedded_model_path()
+        tokenizer = Tokenizer(path, read_model_info(path))
     return [tokenizer.encode(prompt) for prompt in PROMPTS]
 
 

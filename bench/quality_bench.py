@@ -58,8 +58,8 @@ def measure(
 ) -> dict[str, Quality]:
     """Each path's quality on `model` (the embedded one by default); float32 is the reference."""
     model = model or embedded_model_path()
-    text_ids = Tokenizer(model, read_model_info(model)).encode(TEXT.read_text())
-    prompts = prompt_ids()
+    tokenizer = Tokenizer(model, read_model_info(model))
+    text_ids, prompts = tokenizer.encode(TEXT.read_text()), prompt_ids(tokenizer)
     report: dict[str, Quality] = {}
     reference: list[list[int]] = []
     for name in ("float32", *(p for p in paths if p != "float32")):

@@ -194,7 +194,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
     with launched_server("--num-blocks", "64", "--max-model-len", "32") as server:
         done = subprocess.run(
             [binary, "run", f"{server.url}/openapi.json", "--checks", "not_a_server_error",
-             "--max-examples", "25", "--seed", "7", "--request-timeout", "60",
+             "--max-examples", "25", "--seed", "7", "--request-timeout", "60", "--workers", "2",
              "--generation-database", "none"],
             capture_output=True, text=True, timeout=900, cwd=tmp_path,
         )  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 import torch
 from gguf_models import LlamaShape, random_blocks, write_llama_gguf
 
+from turnstile.bench.memory_bench import Footprint
 from turnstile.kernels import cpu_native, native_build
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import (
@@ -224,28 +225,36 @@ ONE_B_KINDS = dict.fromkeys(("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn
 ONE_B_KINDS |= dict.fromkeys(("attn_v", "ffn_down", "token_embd"), Q.Q6_K)
 _LOGPROBS = """
 import json, sys
+from dataclasses import asdict
+from pathlib import Path
+from turnstile.bench.memory_bench import footprint
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import OfflineEngine
 from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids
 from turnstile.shared.settings import build
 flags = json.loads(sys.argv[2])
-engine = OfflineEngine(build(RunnerConfig, model=sys.argv[1], num_blocks=8, **flags))
+engines = []
+def load():
+    engines.append(OfflineEngine(build(RunnerConfig, model=sys.argv[1], num_blocks=8, **flags)))
+    return engines[0].runner
+loaded = footprint(Path(sys.argv[1]), load)
 request = AddRequest(req_id=0, prompt_ids=pack_ids(list(range(100, 132))), max_tokens=4,
                      sampling=SamplingParams(prompt_logprobs=0))
-done = engine.generate([request])[0]
-print(json.dumps([done.prompt_logprobs, done.token_ids]))
+done = engines[0].generate([request])[0]
+print(json.dumps([done.prompt_logprobs, done.token_ids, asdict(loaded)]))
 """
 
 
 def _prompt_logprobs(
     model: Path, env: dict[str, str] | None = None, **flags: str
-) -> tuple[list[float], list[int]]:
-    """In a process of its own: a 1B float32 load peaks at ~13 GB, which this one would keep."""
+) -> tuple[list[float], list[int], Footprint]:
+    """In a process of its own: a 1B float32 load peaks at ~13 GB, which this one would keep;
+    and what the load added to that process's memory."""
     argv = [sys.executable, "-c", _LOGPROBS, str(model), json.dumps(flags)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    logprobs, tokens = json.loads(done.stdout.splitlines()[-1])
-    return logprobs, tokens
+    logprobs, tokens, loaded = json.loads(done.stdout.splitlines()[-1])
+    return logprobs, tokens, Footprint(**loaded)
 
 
 @pytest.mark.slow
@@ -260,8 +269,6 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     KV cache, so that the weights' rounding is what is measured: the default bfloat16 cache
     moves these wide logits further (one of the 4 greedy tokens here), on real weights by
     0.4% of perplexity (`turnstile bench quality`)."""
-    from turnstile.bench.memory_bench import measure
-
     native = native_build.library_path().parent  # built already (needs_native): not again
     monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))  # a random model's files
     (tmp_path / "cache").mkdir()
@@ -270,17 +277,16 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     assert 0.9e9 < ONE_B.parameters < 1.2e9
     # The blocks' path (issue 25): int8 tiles would keep these random blocks anyway (their
     # scales along a feature span orders of magnitude; test_int8_tiles.py), after trying.
-    footprint = measure(model, "gguf", products="blocks")
-    print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
-    assert footprint.ratio <= 1.2, footprint
-    quantized, tokens = _prompt_logprobs(
+    quantized, tokens, footprint = _prompt_logprobs(
         model, quantization="gguf", kv_cache_dtype="float32", cpu_products="blocks"
     )
+    print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
+    assert footprint.ratio <= 1.2, footprint
     # The float32 side on the torch reference (no weights packed), its 4 GB copy not cached (a
     # cache under a file cannot be made): 35 s of a run that reads it only once.
     (tmp_path / "file").touch()
     uncached = {**os.environ, "TURNSTILE_CACHE": str(tmp_path / "file" / "cache")}
-    exact, exact_tokens = _prompt_logprobs(
+    exact, exact_tokens, _ = _prompt_logprobs(
         model, uncached, quantization="none", dtype="float32", backend="torch"
     )
     error = (torch.tensor(quantized) - torch.tensor(exact)).abs()

@@ -24,14 +24,17 @@ PROMPTS = [f"Write a list of {n} fruits and their colors:" for n in range(3, 9)]
 
 # Every fault, with the next plan sent ahead (the default) and in lockstep.
 MODES = {"async": [], "lockstep": ["--no-async-scheduling"]}
+POISON_TOKEN = 48_000  # in no prompt but the poison's
 
 
 @pytest.fixture(scope="module", params=list(MODES))
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """One stack a mode for the module's faults: each test leaves it recovered and whole, so
-    the next also proves that a recovered stack serves as a fresh one."""
+    the next also proves that a recovered stack serves as a fresh one. Its executors fail on
+    the poison token, which no other test's prompt holds."""
     flags = MODES[request.param]
-    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", *flags) as running:
+    env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(POISON_TOKEN)}
+    with launched_server("--num-blocks", "256", "--max-num-seqs", "8", *flags, env=env) as running:
         yield running
 
 
@@ -226,37 +229,35 @@ def test_a_restarted_gateway_gets_its_own_answers_and_its_predecessors_requests_
     assert answer["usage"]["completion_tokens"] == 16
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(mode: str) -> None:
-    poison_token = 48_000  # in no prompt but the poison's
-    env = {"TURNSTILE_FAULT_INJECTION_TOKEN": str(poison_token)}
-    flags = ["--num-blocks", "256", "--max-num-seqs", "8", *MODES[mode]]
-    with launched_server(*flags, env=env) as server:
-        undisturbed = asyncio.run(run_with_fault(server.url, None))
+def test_a_request_that_kills_its_executor_is_ended_and_the_service_stays_up(
+    server: Server, undisturbed: list
+) -> None:
+    preemptions = "turnstile:num_preemptions_total"
+    before = server.scrape().get(preemptions, 0)
 
-        async def poison_beside_streams() -> tuple[list, int, dict]:
-            timeout = aiohttp.ClientTimeout(total=180)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                streams, under_way = start_streams(session, server.url, PROMPTS)
-                await under_way()
-                body = {"model": MODEL, "prompt": [1, 2, poison_token], "max_tokens": 4}
-                async with session.post(f"{server.url}/v1/completions", json=body) as response:
-                    status, error = response.status, (await response.json())["error"]
-                return await asyncio.gather(*streams), status, error
+    async def poison_beside_streams() -> tuple[list, int, dict]:
+        timeout = aiohttp.ClientTimeout(total=180)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            streams, under_way = start_streams(session, server.url, PROMPTS)
+            await under_way()
+            body = {"model": MODEL, "prompt": [1, 2, POISON_TOKEN], "max_tokens": 4}
+            async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                status, error = response.status, (await response.json())["error"]
+            return await asyncio.gather(*streams), status, error
 
-        disturbed, status, error = asyncio.run(poison_beside_streams())
-        assert status == 500 and error["type"] == "server_error"
-        assert "failed twice" in error["message"] and "injected fault" in error["message"]
-        assert disturbed == undisturbed  # the other requests finished, recomputed exactly
-        # ... and were under way when the poison felled their executor (else this proves less)
-        assert server.scrape()["turnstile:num_preemptions_total"] >= len(PROMPTS)
-        assert server.process.poll() is None  # the service is still up, and answers
-        deadline = time.monotonic() + 60
-        while not healthy(server.url):  # once the executor the poison felled is back
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert short_completion(server.url)["usage"]["completion_tokens"] == 16
-        wait_until_whole(server)
+    disturbed, status, error = asyncio.run(poison_beside_streams())
+    assert status == 500 and error["type"] == "server_error"
+    assert "failed twice" in error["message"] and "injected fault" in error["message"]
+    assert disturbed == undisturbed  # the other requests finished, recomputed exactly
+    # ... and were under way when the poison felled their executor (else this proves less)
+    assert server.scrape()[preemptions] - before >= len(PROMPTS)
+    assert server.process.poll() is None  # the service is still up, and answers
+    deadline = time.monotonic() + 60
+    while not healthy(server.url):  # once the executor the poison felled is back
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert short_completion(server.url)["usage"]["completion_tokens"] == 16
+    wait_until_whole(server)
 
 
 def test_a_stalled_gateway_keeps_every_stream(server: Server, undisturbed: list) -> None:

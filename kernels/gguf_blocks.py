@@ -4,9 +4,12 @@ element order, with a scale and an offset per group of inputs.
 Q4_0, Q4_1 and Q8_0 give exactly the file's values. The K-quants keep their codes, and their
 sub-block scales `d * sc` and `dmin * m` (float32 products in the file's dequantization) are
 stored as fp16: a relative rounding of at most 2**-11 per scale, a tenth of what the int8
-activations already round (see docs/benchmarks.md)."""
+activations already round (see docs/benchmarks.md). Unpacked with torch, on every core: numpy
+took 2.5x as long on two (docs/benchmarks.md, session 38)."""
 
 from __future__ import annotations
+
+import warnings
 
 import gguf
 import numpy as np
@@ -19,66 +22,78 @@ def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWei
     """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked."""
     rows = data.shape[0]
     block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1, block_bytes)
-    codes, scale, offset = _UNPACK[kind](raw)
-    if not (np.isfinite(scale).all() and np.isfinite(offset).all()):
+    with warnings.catch_warnings():  # a read-only map of the file: only read here
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
+    codes, scale, offset = _UNPACK[kind](raw.reshape(rows, -1, block_bytes))
+    if not (torch.isfinite(scale).all() and torch.isfinite(offset).all()):
         raise ValueError(f"a {kind.name} block's scale or offset overflows float16")
     return QuantizedWeight(
-        torch.from_numpy(np.ascontiguousarray(codes.reshape(rows, -1))),
-        torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, -1))),
-        torch.from_numpy(np.ascontiguousarray(offset.reshape(rows, -1))),
+        codes.reshape(rows, -1).contiguous(),
+        scale.reshape(rows, -1).contiguous(),
+        offset.reshape(rows, -1).contiguous(),
         BITS[kind],
     )
 
 
-Unpacked = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes, scale, offset (fp16)
+Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, offset (fp16)
 
 
-def _fp16(raw: np.ndarray) -> np.ndarray:
-    return raw.copy().view(np.float16)[..., 0]
+def _fp16(raw: torch.Tensor) -> torch.Tensor:
+    """A copy: never a view of the file's read-only map."""
+    return raw.clone(memory_format=torch.contiguous_format).view(torch.float16)[..., 0]
 
 
-def _q8_0(raw: np.ndarray) -> Unpacked:
+def _q8_0(raw: torch.Tensor) -> Unpacked:
     """The int8 plus 128 (unsigned, as every other format), offset -128 d."""
     d = _fp16(raw[..., :2])
-    codes = raw[..., 2:] ^ np.uint8(0x80)  # int8 v's byte, sign bit flipped: v + 128
-    return codes, d, (d.astype(np.float32) * -128).astype(np.float16)
+    codes = raw[..., 2:] ^ 0x80  # int8 v's byte, sign bit flipped: v + 128
+    return codes, d, (d.float() * -128).half()
 
 
-def _nibbles(packed: np.ndarray) -> np.ndarray:
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     """llama.cpp's order: 32 bytes hold 32 values in their low nibbles, then 32 in the high."""
-    return np.concatenate((packed & 0x0F, packed >> 4), axis=-1)
+    return torch.cat((packed & 0x0F, packed >> 4), dim=-1)
 
 
-def _q4_0(raw: np.ndarray) -> Unpacked:
+def _q4_0(raw: torch.Tensor) -> Unpacked:
     d = _fp16(raw[..., :2])
-    return _nibbles(raw[..., 2:]), d, d * np.float16(-8)
+    return _nibbles(raw[..., 2:]), d, d * -8
 
 
-def _q4_1(raw: np.ndarray) -> Unpacked:
+def _q4_1(raw: torch.Tensor) -> Unpacked:
     return _nibbles(raw[..., 4:]), _fp16(raw[..., :2]), _fp16(raw[..., 2:4])
 
 
-def _q4_k(raw: np.ndarray) -> Unpacked:
+def _q4_k(raw: torch.Tensor) -> Unpacked:
     """Super-blocks of 256: d, dmin, eight 6-bit scales and mins, 4-bit codes; sub-block j's
     values are d * sc_j * code - dmin * m_j."""
-    d, dmin = (_fp16(raw[..., i : i + 2]).astype(np.float32)[..., None] for i in (0, 2))
-    sc, m = gguf.quants.Q4_K.get_scale_min(raw[..., 4:16].reshape(-1, 12))
-    sc, m = (t.reshape(*raw.shape[:2], 8).astype(np.float32) for t in (sc, m))
+    d, dmin = (_fp16(raw[..., i : i + 2]).float()[..., None] for i in (0, 2))
+    sc, m = _scale_min(raw[..., 4:16])
     codes = _nibbles(raw[..., 16:].reshape(*raw.shape[:2], 4, 32))
-    return codes, (d * sc).astype(np.float16), (-(dmin * m)).astype(np.float16)
+    return codes, (d * sc).half(), (-(dmin * m)).half()
 
 
-def _q6_k(raw: np.ndarray) -> Unpacked:
+def _scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes of eight 6-bit scales and mins, unpacked as gguf's `get_scale_min`:
+    bytes 0-3 the low 6 bits of scales 0-3, 4-7 those of mins 0-3, 8-11 the low nibbles of
+    scales 4-7 and high nibbles of mins 4-7, whose top 2 bits are the top bits of 0-3 and 4-7."""
+    low, mins, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat((low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)), dim=-1)
+    m = torch.cat((mins & 0x3F, (rest >> 4) | ((mins >> 2) & 0x30)), dim=-1)
+    return sc.float(), m.float()
+
+
+def _q6_k(raw: torch.Tensor) -> Unpacked:
     """Super-blocks of 256: 6-bit codes (low nibbles, then the 2 high bits of four codes a
     byte), an int8 scale per 16 and d; values d * sc * (code - 32)."""
     low = _nibbles(raw[..., :128].reshape(*raw.shape[:2], 2, 64))
-    shifts = np.array([0, 2, 4, 6], np.uint8)[:, None]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
     high = (raw[..., 128:192].reshape(*raw.shape[:2], 2, 1, 32) >> shifts) & 3
     codes = low.reshape(*raw.shape[:2], 2, 4, 32) | (high << 4)
-    sc = raw[..., 192:208].view(np.int8).astype(np.float32)
-    scale = (_fp16(raw[..., 208:210]).astype(np.float32)[..., None] * sc).astype(np.float16)
-    return codes, scale, scale * np.float16(-32)
+    sc = raw[..., 192:208].clone(memory_format=torch.contiguous_format).view(torch.int8).float()
+    scale = (_fp16(raw[..., 208:210]).float()[..., None] * sc).half()
+    return codes, scale, scale * -32
 
 
 _UNPACK = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q4_K: _q4_k, Q.Q6_K: _q6_k}

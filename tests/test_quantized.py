@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_models import LlamaShape, random_blocks, write_llama_gguf
+from gguf_models import SCALES, LlamaShape, random_blocks, write_llama_gguf
 
 from turnstile.bench.memory_bench import Footprint
 from turnstile.kernels import cpu_native, native_build
@@ -57,6 +57,10 @@ def test_gguf_blocks_unpack_to_the_files_values(kind: gguf.GGMLQuantizationType)
     bound = 2**-11 * (terms.abs() + weight.offset.float().abs()[..., None]).view(7, -1)
     if kind in K_QUANTS:
         assert ((weight.dequantize() - expected).abs() <= bound).all()
+        d = SCALES[kind][0]  # a d whose sub-block scales d * sc pass fp16's range: refused
+        data.reshape(7, 2, -1)[..., d : d + 2] = np.array([6e4], np.float16).view(np.uint8)
+        with pytest.raises(ValueError, match=f"{kind.name} block's scale or offset overflows"):
+            from_gguf(data, kind)
     else:
         assert torch.equal(weight.dequantize(), expected)
     assert weight.group == (16 if kind == Q.Q6_K else 32)

@@ -4,8 +4,8 @@ element order, with a scale and an offset per group of inputs.
 Q4_0, Q4_1 and Q8_0 give exactly the file's values. The K-quants keep their codes, and their
 sub-block scales `d * sc` and `dmin * m` (float32 products in the file's dequantization) are
 stored as fp16: a relative rounding of at most 2**-11 per scale, a tenth of what the int8
-activations already round (see docs/benchmarks.md). Unpacked with torch, on every core: numpy
-took 2.5x as long on two (docs/benchmarks.md, session 38)."""
+activations already round (see docs/benchmarks.md). Unpacked with torch, whose operations use
+every core (docs/benchmarks.md, session 38)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,13 @@ def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWei
 Unpacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, offset (fp16)
 
 
+def _copied_as(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes read as `dtype`, copied: never a view of the file's read-only map."""
+    return raw.clone(memory_format=torch.contiguous_format).view(dtype)
+
+
 def _fp16(raw: torch.Tensor) -> torch.Tensor:
-    """A copy: never a view of the file's read-only map."""
-    return raw.clone(memory_format=torch.contiguous_format).view(torch.float16)[..., 0]
+    return _copied_as(raw, torch.float16)[..., 0]
 
 
 def _q8_0(raw: torch.Tensor) -> Unpacked:
@@ -69,19 +73,11 @@ def _q4_k(raw: torch.Tensor) -> Unpacked:
     """Super-blocks of 256: d, dmin, eight 6-bit scales and mins, 4-bit codes; sub-block j's
     values are d * sc_j * code - dmin * m_j."""
     d, dmin = (_fp16(raw[..., i : i + 2]).float()[..., None] for i in (0, 2))
-    sc, m = _scale_min(raw[..., 4:16])
+    packed = raw[..., 4:16].reshape(-1, 12).numpy()  # a small part: gguf's own unpacking
+    sc, m = (torch.from_numpy(t).reshape(*raw.shape[:2], 8).float()
+             for t in gguf.quants.Q4_K.get_scale_min(packed))  # fmt: skip
     codes = _nibbles(raw[..., 16:].reshape(*raw.shape[:2], 4, 32))
     return codes, (d * sc).half(), (-(dmin * m)).half()
-
-
-def _scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K's 12 bytes of eight 6-bit scales and mins, unpacked as gguf's `get_scale_min`:
-    bytes 0-3 the low 6 bits of scales 0-3, 4-7 those of mins 0-3, 8-11 the low nibbles of
-    scales 4-7 and high nibbles of mins 4-7, whose top 2 bits are the top bits of 0-3 and 4-7."""
-    low, mins, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    sc = torch.cat((low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)), dim=-1)
-    m = torch.cat((mins & 0x3F, (rest >> 4) | ((mins >> 2) & 0x30)), dim=-1)
-    return sc.float(), m.float()
 
 
 def _q6_k(raw: torch.Tensor) -> Unpacked:
@@ -91,7 +87,7 @@ def _q6_k(raw: torch.Tensor) -> Unpacked:
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
     high = (raw[..., 128:192].reshape(*raw.shape[:2], 2, 1, 32) >> shifts) & 3
     codes = low.reshape(*raw.shape[:2], 2, 4, 32) | (high << 4)
-    sc = raw[..., 192:208].clone(memory_format=torch.contiguous_format).view(torch.int8).float()
+    sc = _copied_as(raw[..., 192:208], torch.int8).float()
     scale = (_fp16(raw[..., 208:210]).float()[..., None] * sc).half()
     return codes, scale, scale * -32
 

@@ -1,6 +1,6 @@
-"""A bounded soak: a thousand short streamed requests, a tenth of them abandoned by their
-clients mid-answer, on a KV cache small enough to force preemption. Every request must be
-accounted for, and every block free at the end."""
+"""A bounded soak: a thousand streamed requests, a tenth of them abandoned by their clients
+mid-answer, on a KV cache its first few requests outgrow, so preemption is certain. Every
+request must be accounted for, and every block free at the end."""
 
 from __future__ import annotations
 
@@ -19,10 +19,14 @@ pytestmark = pytest.mark.slow  # starts a stack or loads models
 
 REQUESTS = 1000
 CONCURRENCY = 48
+# The first requests, started together, outgrow the cache together (4 x 17 blocks > 40):
+# short requests alone may never fill it, however many are under way.
+LONG, LONG_TOKENS = 4, 60
 
 
 async def one(session: aiohttp.ClientSession, url: str, i: int, leave: bool) -> str:
-    body = {"model": MODEL, "prompt": f"Item {i}: the", "max_tokens": 2 + i % 4,
+    max_tokens = LONG_TOKENS if i < LONG else 2 + i % 4
+    body = {"model": MODEL, "prompt": f"Item {i}: the", "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0.7, "seed": i, "stream": True}  # fmt: skip
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:
@@ -40,7 +44,7 @@ async def one(session: aiohttp.ClientSession, url: str, i: int, leave: bool) -> 
 
 async def soak(url: str) -> list[str]:
     rng = random.Random(5)
-    leaving = [rng.random() < 0.1 for _ in range(REQUESTS)]
+    leaving = [i >= LONG and rng.random() < 0.1 for i in range(REQUESTS)]
     limit = asyncio.Semaphore(CONCURRENCY)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
 

@@ -217,7 +217,8 @@ def test_a_restarted_gateway_gets_its_own_answers_and_its_predecessors_requests_
     before = server.scrape().get(aborts, 0)
     killed = asyncio.run(kill_gateway_under_load())
     while server.scrape().get(aborts, 0) < before + 4:  # the dead gateway's requests ended
-        assert time.monotonic() - killed < 1.0
+        # ... on its socket's disconnect, well before the 10 s heartbeat would have found it
+        assert time.monotonic() - killed < 5.0
         time.sleep(0.02)
     scheduler_idle_after(server, killed)  # and their blocks are free
     deadline = time.monotonic() + 60

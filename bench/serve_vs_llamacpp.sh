@@ -8,7 +8,7 @@
 # while the client's own count re-tokenizes llama-server's text and finds fewer.
 set -euo pipefail
 rounds=${1:-3}; prompts=${2:-64}; shift $(( $# > 2 ? 2 : $# )) || true
-P=${PEERS:-$HOME/.cache/turnstile-peers}
+P=${PEERS:-$HOME/.cache/turnstile-peers}; length=128  # tokens in, and out
 version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 src=$P/llama-cpp-python-$version/vendor/llama.cpp; server=$src/build/bin/llama-server
 if [ ! -x "$server" ]; then
@@ -33,10 +33,10 @@ for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
 done
 bench() {  # name port model seed [bench args]
   "$P"/bin/vllm bench serve --seed "$4" --backend vllm --base-url "http://127.0.0.1:$2" --model "$3" \
-    --tokenizer "$P"/smollm2-hf --dataset-name random --random-input-len 128 --random-output-len 128 \
+    --tokenizer "$P"/smollm2-hf --dataset-name random --random-input-len $length --random-output-len $length \
     --num-prompts "$prompts" --request-rate inf --ignore-eos "${@:5}" --save-result \
     --result-dir "$out" --result-filename "$1.json" > "$out/$1.txt" 2>&1 || { tail -n 5 "$out/$1.txt"; return 1; }
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:<14} {128 * d['completed'] / d['duration']:8.1f} tok/s  TTFT p50 {d['median_ttft_ms']:8.0f} ms\")" "$out/$1.json" "$1"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:<14} {int(sys.argv[3]) * d['completed'] / d['duration']:8.1f} tok/s  TTFT p50 {d['median_ttft_ms']:8.0f} ms\")" "$out/$1.json" "$1" $length
 }
 ts_model=$(curl -s http://127.0.0.1:8000/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
 # A warm-up of each (not counted); each round draws new random prompts (its own --seed).
@@ -47,12 +47,12 @@ for r in $(seq "$rounds"); do
   bench "turnstile-$r" 8000 "$ts_model" "$r" "$@"
   bench "llamacpp-$r" 8100 smollm2 "$r" "$@"
 done
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" $length <<'PY'
 import json, re, statistics, sys
-out, n = sys.argv[1], int(sys.argv[2])
+out, n, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def rate(name):
     d = json.load(open(f"{out}/{name}.json"))
-    return 128 * d["completed"] / d["duration"]
+    return length * d["completed"] / d["duration"]
 t = [rate(f"turnstile-{r}") for r in range(1, n + 1)]
 v = [rate(f"llamacpp-{r}") for r in range(1, n + 1)]
 print(f"median output tok/s: turnstile {statistics.median(t):.1f}, llama.cpp {statistics.median(v):.1f}, "
@@ -60,7 +60,7 @@ print(f"median output tok/s: turnstile {statistics.median(t):.1f}, llama.cpp {st
 # llama-server's own time a generated token, from its log's line for each request.
 log = open(f"{out}/llama.log").read()
 runs = re.findall(r"(?<!prompt) eval time = .*?/\s*(\d+) tokens \(\s*([\d.]+) ms per token", log)
-assert {int(tokens) for tokens, _ in runs} == {128}, "llama-server stopped a request short"
+assert {int(tokens) for tokens, _ in runs} == {length}, "llama-server stopped a request short"
 ms = statistics.median(float(each) for _, each in runs)
 print(f"llama-server's own decode, median of {len(runs)} requests: {ms:.2f} ms a token")
 PY

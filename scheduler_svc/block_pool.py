@@ -75,6 +75,8 @@ class BlockPool:
         self._tokens = np.zeros((num_blocks, block_size), dtype=np.int32)
         self._stamp = np.full(num_blocks, _NOT_CACHED, dtype=np.int64)
         self._parent_stamp = np.full(num_blocks, _NOT_CACHED, dtype=np.int64)
+        # The stamp a block's children are published under: its own, or the cached twin's.
+        self._link = np.full(num_blocks, _NOT_CACHED, dtype=np.int64)
         self._stamps_issued = 0
 
     @property
@@ -101,6 +103,7 @@ class BlockPool:
             blocks.append(block)
         allocated = np.array(blocks, dtype=np.int64)
         self.ref_count[allocated] = 1
+        self._link[allocated] = _NOT_CACHED
         return allocated
 
     def release(self, blocks: np.ndarray) -> None:
@@ -152,25 +155,35 @@ class BlockPool:
         root: int = 0,
     ) -> None:
         """Publish blocks whose KV is complete. `parents` are the physical blocks before them
-        (-1 for a first block, of a chain from `root`); the first block with a given hash
-        wins."""
+        (-1 for a first block, of a chain from `root`). The first block with a given hash wins; a
+        later one holding its tokens after the same chain is its twin (two requests computed it
+        in one step): it stays unpublished, and the blocks after it are published as the
+        winner's children, so that a lookup finds them."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        published = []
-        block_of = self._block_of
+        block_of, links, published = self._block_of, [], []
+        link = root_stamp(root) if parents[0] < 0 else int(self._link[parents[0]])
+        parent_links = []
         for i, (block, block_hash) in enumerate(zip(blocks.tolist(), hashes.tolist(), strict=True)):
-            if block_hash not in block_of:
+            winner = block_of.get(block_hash)
+            parent_links.append(link)
+            if link == _NOT_CACHED:
+                pass  # after a block no lookup reaches, nor does one reach this
+            elif winner is None:
                 block_of[block_hash] = block
                 published.append(i)
+                link = self._stamps_issued + len(published)
+            elif self._parent_stamp[winner] == link and (self._tokens[winner] == tokens[i]).all():
+                link = int(self._stamp[winner])
+            else:
+                link = _NOT_CACHED
+            links.append(link)
+        self._link[blocks] = links
         if not published:
             return
         chosen = blocks[published]
-        self._hash_of[chosen] = hashes[published]
-        first = self._stamps_issued + 1
         self._stamps_issued += len(chosen)
-        self._stamp[chosen] = np.arange(first, first + len(chosen))
-        parent_blocks = parents[published]
-        self._parent_stamp[chosen] = np.where(
-            parent_blocks < 0, root_stamp(root), self._stamp[np.maximum(parent_blocks, 0)]
-        )
+        self._hash_of[chosen] = hashes[published]
+        self._stamp[chosen] = self._link[chosen]
+        self._parent_stamp[chosen] = np.array(parent_links)[published]
         self._tokens[chosen] = tokens[published]

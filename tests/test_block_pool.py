@@ -98,3 +98,20 @@ def test_requests_of_different_cache_salts_never_share_a_block() -> None:
     theirs = pool.allocate(2).tolist()  # salt b publishes its own copy of the same tokens
     other = publish(pool, tokens, theirs, 2, b)
     assert pool.cached_prefix(other, tokens.reshape(2, 2), b) == theirs
+
+
+def test_blocks_after_a_twin_of_a_cached_block_are_found_after_the_cached_one() -> None:
+    """Two requests that computed the same first block in one step: the second's copy is not
+    published (the first wins), yet the blocks it wrote after it are found after the first's."""
+    pool = BlockPool(8, 2)
+    first, twin = pool.allocate(2).tolist(), pool.allocate(3).tolist()
+    publish(pool, np.array([1, 2, 3, 4]), first, 2)
+    theirs = np.array([1, 2, 5, 6, 7, 8])
+    hashes = publish(pool, theirs, twin, 2)
+    assert pool.cached_prefix(hashes, theirs.reshape(3, 2)) == [first[0], *twin[1:]]
+    # A block that shares only the hash (a collision) is no twin: nothing after it is linked.
+    forged = pool.allocate(2)
+    tail = chain_hashes(np.array([7, 8]), 2, hashes[0])
+    pool.cache(forged, np.array([hashes[0], *tail], dtype=np.uint64), np.array([-1, forged[0]]),
+               np.array([[9, 9], [7, 8]]))  # fmt: skip
+    assert pool.cached_prefix([hashes[0], *tail], np.array([[1, 2], [7, 8]])) == [first[0]]

@@ -48,6 +48,22 @@ def test_finished_prompt_prefix_is_reused_block_for_block() -> None:
     assert first_blocks == first_plan_blocks
 
 
+def test_prompts_prefilled_together_each_leave_their_whole_prompt_cached() -> None:
+    """Two prompts of one shared block, computed in the same step: the second's copy of it is
+    not cached, yet its own block after it must be, as the first's is."""
+    harness = Harness(config(max_num_batched_tokens=32), {1: 2, 2: 2, 3: 2, 4: 2})
+    shared = [10, 11, 12, 13]
+    harness.add(1, [*shared, 20, 21, 22, 23, 9], max_tokens=2)
+    harness.add(2, [*shared, 30, 31, 32, 33, 9], max_tokens=2)
+    assert len(harness.step().new) == 2  # both prefill in one step
+    harness.run()
+    for req_id, own in ((3, [20, 21, 22, 23]), (4, [30, 31, 32, 33])):
+        harness.add(req_id, [*shared, *own, 8], max_tokens=2)
+        (new,) = harness.step().new
+        assert new.num_computed == 8, req_id
+        harness.run()
+
+
 def test_whole_prompt_hit_still_computes_the_last_token() -> None:
     harness = Harness(config(), {1: 2, 2: 2})
     prompt = list(range(10, 18))  # exactly two blocks

@@ -107,10 +107,14 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
-        tokens = TokenEndpoints(self.tokenizer, self.max_model_len, self.check_model)
+        tokens = TokenEndpoints(
+            self.tokenizer, self.max_model_len, self.check_model, self.served_names[0]
+        )
         app.router.add_post("/tokenize", tokens.tokenize)
         app.router.add_post("/detokenize", tokens.detokenize)
         app.router.add_get("/version", tokens.version)
+        for path in ("/server_info", "/get_server_info"):  # SGLang's name, and its older one
+            app.router.add_get(path, tokens.server_info)
         return app
 
     @web.middleware

@@ -13,9 +13,9 @@ from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    TokenizeChat,
 )
 from turnstile.gateway_svc.sampling_fields import sampling_params
+from turnstile.gateway_svc.token_requests import TokenizeChat
 from turnstile.gateway_svc.tool_calls import template_message, template_tools
 from turnstile.shared.protocol import AddRequest, Grammar, pack_ids
 from turnstile.shared.tokenizer import Tokenizer

@@ -10,11 +10,9 @@ import msgspec
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     CompletionRequest,
-    Detokenize,
-    TokenizeChat,
-    TokenizeCompletion,
 )
 from turnstile.gateway_svc.responses_api import ResponsesRequest
+from turnstile.gateway_svc.token_requests import Detokenize, TokenizeChat, TokenizeCompletion
 
 _ERROR = {
     "type": "object",
@@ -121,6 +119,9 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
             ),
             "/detokenize": _post(["Detokenize"], "Text of token ids", "prompt"),
             "/version": _get("The server's version", "version"),
+            "/server_info": _get(  # SGLang's, for sglang-router; also as /get_server_info
+                "The served model's name", "served_model_name, max_model_len, version"
+            ),
             "/health": _get("Ready to serve?", "ready", 503),
         },
         "components": {"schemas": {**schemas, "Error": _ERROR}},

@@ -23,6 +23,7 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 RequestId = Annotated[str, Meta(pattern=r"^[!-~]{1,256}$")]  # printable: a header's value too
 # Accepted, not used: hints for OpenAI's own billing, storage and abuse tracking.
 Unused = Annotated[Any, Meta(description="accepted and not used")]
+NoReasoningParser = Annotated[bool | None, Meta(description="no reasoning parser: either holds")]
 
 
 def refused(no_op: str) -> Any:
@@ -82,6 +83,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "use_beam_search": (False,),
         "length_penalty": (1.0,),
         "store": (False,),
+        "return_hidden_states": (False,),
     }
 
     model: str | None = None
@@ -134,9 +136,13 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     service_tier: Unused = None
     safety_identifier: Unused = None
     prompt_cache_key: Unused = None  # a routing hint; prefix caching needs none
+    # SGLang's (sglang-router sends them in every request it forwards)
+    no_stop_trim: bool = False  # the stop string or token kept: include_stop_str_in_output
+    return_hidden_states: refused("false") = None
 
     def check(self) -> None:
         """What the types cannot say."""
+        self.include_stop_str_in_output |= self.no_stop_trim
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
         if self.truncate_prompt_tokens == 0:
@@ -264,6 +270,10 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     moderation: refused("null") = None
     prompt_cache_options: refused("null") = None
     prompt_cache_retention: refused('"in_memory"') = None
+    # SGLang's: they act only with a reasoning parser (--reasoning-parser), which Turnstile has
+    # none of; as SGLang without one, either value leaves the answer whole in `content`.
+    separate_reasoning: NoReasoningParser = None
+    stream_reasoning: NoReasoningParser = None
 
     def check(self) -> None:
         super().check()
@@ -272,28 +282,3 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
                 400, "continue_final_message and add_generation_prompt cannot both be true",
                 param="continue_final_message",
             )  # fmt: skip
-
-
-# vLLM's /tokenize and /detokenize
-
-
-class TokenizeCompletion(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    prompt: str
-    model: str | None = None
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-
-
-class TokenizeChat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    model: str | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: bool = False
-
-
-class Detokenize(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    tokens: list[TokenId]
-    model: str | None = None

@@ -9,6 +9,7 @@ import signal
 
 import uvloop
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
@@ -21,6 +22,20 @@ from turnstile.shared.zmq_io import scheduler_addresses
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 60.0
+
+
+class UnparsableRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse as an ERROR with a traceback; sglang-router's
+    HTTP/2 probe of each worker it adds is one. The client's fault: one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, BadHttpMessage):
+            record.msg = "a request that could not be parsed was answered 400: %s"
+            record.args = (error.message.strip().splitlines()[0],)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info = record.exc_text = None
+        return logging.getLogger(record.name).isEnabledFor(record.levelno)
 
 
 async def _serve(config: GatewayServiceConfig) -> None:
@@ -64,4 +79,5 @@ async def _serve(config: GatewayServiceConfig) -> None:
 
 
 def serve_gateway(config: GatewayServiceConfig) -> None:
+    logging.getLogger("aiohttp.server").addFilter(UnparsableRequests())
     uvloop.run(_serve(config))

@@ -1,4 +1,5 @@
-"""vLLM's `/tokenize`, `/detokenize` and `/version`, shaped as vLLM answers them."""
+"""vLLM's `/tokenize`, `/detokenize` and `/version`, shaped as vLLM answers them, and SGLang's
+`/server_info`, where sglang-router reads the model's name to route by it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,20 @@ from aiohttp import web
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.openai_api import chat_text, parse_body
-from turnstile.gateway_svc.request_types import Detokenize, TokenizeChat, TokenizeCompletion
+from turnstile.gateway_svc.token_requests import Detokenize, TokenizeChat, TokenizeCompletion
 from turnstile.shared.tokenizer import Tokenizer
 
 
 class TokenEndpoints:
     def __init__(
-        self, tokenizer: Tokenizer, max_model_len: int, check_model: Callable[[str | None], None]
+        self,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        check_model: Callable[[str | None], None],
+        served_name: str,
     ) -> None:
         self.tokenizer = tokenizer
+        self.served_name = served_name
         self.max_model_len = max_model_len
         self.check_model = check_model
 
@@ -45,3 +51,9 @@ class TokenEndpoints:
 
     async def version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": version("turnstile")})
+
+    async def server_info(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"served_model_name": self.served_name, "max_model_len": self.max_model_len,
+             "version": version("turnstile")}
+        )  # fmt: skip

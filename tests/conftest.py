@@ -6,7 +6,9 @@ import os
 # on the CPU through the interpreter here (tests/test_kernels.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -54,3 +56,16 @@ def service() -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def client(service: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{service.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def stack_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where a module's own stack writes its log, for tests that read it."""
+    return tmp_path_factory.mktemp("serve") / "serve.log"
+
+
+@contextlib.contextmanager
+def logged_stack(log: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A stack with `flags` (and `env`) whose INFO log goes to `log`."""
+    with launched_server(*flags, log=log, env={"TURNSTILE_LOG": "INFO", **(env or {})}) as running:
+        yield running

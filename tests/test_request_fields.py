@@ -68,6 +68,8 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "service_tier": ({"service_tier": "auto"}, OK),  # accepted, not used
     "safety_identifier": ({"safety_identifier": "h"}, OK),  # accepted, not used
     "prompt_cache_key": ({"prompt_cache_key": "k"}, OK),  # accepted, not used
+    "no_stop_trim": ({"no_stop_trim": True}, OK),  # SGLang's include_stop_str_in_output
+    "return_hidden_states": ({"return_hidden_states": True}, REFUSED),
 }
 COMPLETIONS = COMMON | {
     "prompt": ({"prompt": "Hi"}, OK),
@@ -112,6 +114,8 @@ CHAT = COMMON | {
     "moderation": ({"moderation": {"policy": {}}}, REFUSED),
     "prompt_cache_options": ({"prompt_cache_options": {"ttl": "1h"}}, REFUSED),
     "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, REFUSED),
+    "separate_reasoning": ({"separate_reasoning": False}, OK),  # no reasoning parser: either
+    "stream_reasoning": ({"stream_reasoning": False}, OK),
 }
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import MODEL
+from conftest import MODEL, logged_stack
 
-from turnstile.bench.server_process import Server, launched_server
+from turnstile.bench.server_process import Server
 
 pytestmark = pytest.mark.slow  # starts a stack
 
@@ -25,14 +25,9 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 
 
 @pytest.fixture(scope="module")
-def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("serve") / "serve.log"
-
-
-@pytest.fixture(scope="module")
-def service(log: Path) -> Iterator[Server]:
+def service(stack_log: Path) -> Iterator[Server]:
     flags = ("--num-blocks", "256", "--return-tokens-as-token-ids", "--enable-log-requests")
-    with launched_server(*flags, log=log, env={"TURNSTILE_LOG": "INFO"}) as running:
+    with logged_stack(stack_log, *flags) as running:
         yield running
 
 
@@ -116,9 +111,11 @@ def test_the_server_flag_names_tokens_by_id_unless_a_request_says_otherwise(
     assert "".join(texts) == asked.choices[0].text
 
 
-def test_each_request_is_logged_as_it_ends_under_its_id(client: openai.OpenAI, log: Path) -> None:
+def test_each_request_is_logged_as_it_ends_under_its_id(
+    client: openai.OpenAI, stack_log: Path
+) -> None:
     answer = client.completions.create(**GREEDY, prompt="Once", extra_body={"request_id": "l-1"})
-    line = logged(log, r"request l-1 \(completions\) 200: .*")
+    line = logged(stack_log, r"request l-1 \(completions\) 200: .*")
     usage = answer.usage
     assert f"{usage.prompt_tokens} prompt tokens" in line
     assert f", {usage.completion_tokens} generated" in line and "Once" not in line
@@ -127,4 +124,4 @@ def test_each_request_is_logged_as_it_ends_under_its_id(client: openai.OpenAI, l
         extra_headers={"X-Request-Id": "gone"}, extra_body={"ignore_eos": True},
     ) as raw:  # fmt: skip
         next(raw.iter_lines())  # the stream has begun; leaving closes it
-    assert "generated" in logged(log, r"request gone \(chat\) aborted: .*")
+    assert "generated" in logged(stack_log, r"request gone \(chat\) aborted: .*")

@@ -32,7 +32,7 @@ class UnparsableRequests(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, BadHttpMessage):
             record.msg = "a request that could not be parsed was answered 400: %s"
-            record.args = (error.message.strip().splitlines()[0],)
+            record.args = (str(error.message).strip().split("\n", 1)[0],)
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info = record.exc_text = None
         return logging.getLogger(record.name).isEnabledFor(record.levelno)

@@ -162,11 +162,10 @@ class BlockPool:
         if not self.enable_caching or len(blocks) == 0:
             return
         block_of, links, published = self._block_of, [], []
-        link = root_stamp(root) if parents[0] < 0 else int(self._link[parents[0]])
-        parent_links = []
+        first = root_stamp(root) if parents[0] < 0 else int(self._link[parents[0]])
+        link = first
         for i, (block, block_hash) in enumerate(zip(blocks.tolist(), hashes.tolist(), strict=True)):
             winner = block_of.get(block_hash)
-            parent_links.append(link)
             if link == _NOT_CACHED:
                 pass  # after a block no lookup reaches, nor does one reach this
             elif winner is None:
@@ -185,5 +184,5 @@ class BlockPool:
         self._stamps_issued += len(chosen)
         self._hash_of[chosen] = hashes[published]
         self._stamp[chosen] = self._link[chosen]
-        self._parent_stamp[chosen] = np.array(parent_links)[published]
+        self._parent_stamp[chosen] = np.array([first, *links[:-1]])[published]
         self._tokens[chosen] = tokens[published]

@@ -27,10 +27,8 @@ WORDS = ("river", "stone", "cloud", "lantern", "meadow", "copper", "violet", "ha
 
 def served_requests(server: Server) -> float:
     """The requests a replica's gateway has answered."""
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith("turnstile:http_requests_total{"))  # fmt: skip
+    series = server.scrape(int(server.url.rsplit(":", 1)[1]))  # the gateway's /metrics
+    return sum(v for name, v in series.items() if name.startswith("turnstile:http_requests_total{"))
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ class _Row:
     matcher: Any = None  # xgrammar.GrammarMatcher, once compiled
     failed: bool = False
     ended: bool = False  # the matcher accepted a stop token: later tokens are never answered
+    after: int = -1  # a token still awaited (Grammar.after): nothing is constrained before it
 
 
 class Grammars:
@@ -65,7 +66,13 @@ class Grammars:
         return bool(self._rows)
 
     def join(self, req_id: int, grammar: Grammar, generated: np.ndarray) -> None:
-        self._rows[req_id] = _Row(self._pool.submit(self._compile, grammar), generated)
+        after = grammar.after
+        if after >= 0 and (found := np.flatnonzero(generated == after)).size:
+            generated, after = generated[found[0] + 1 :], -1  # it came before a preemption
+        self._rows[req_id] = _Row(
+            self._pool.submit(self._compile, grammar), generated if after < 0 else generated[:0],
+            after=after,
+        )  # fmt: skip
 
     def clear(self) -> None:
         """Forget every request (a new batch); the compiled grammars stay cached."""
@@ -97,6 +104,9 @@ class Grammars:
         """The sampling rows' new tokens, into their matchers."""
         for req_id, token in zip(req_ids.tolist(), tokens.tolist(), strict=True):
             row = self._rows.get(req_id)
+            if row is not None and row.after >= 0:
+                row.after = -1 if token == row.after else row.after  # the grammar starts
+                continue
             if row is None or row.matcher is None or row.ended:
                 continue
             if row.matcher.accept_token(token):
@@ -112,7 +122,7 @@ class Grammars:
 
     def _live(self, req_id: int) -> bool:
         row = self._rows.get(req_id)
-        if row is None or row.failed or row.ended:
+        if row is None or row.failed or row.ended or row.after >= 0:
             return False
         if row.matcher is None:
             try:

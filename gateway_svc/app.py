@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -19,6 +20,7 @@ from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
 from turnstile.gateway_svc.openai_api import (
     Request,
+    check_capacity,
     check_prompt_size,
     engine_request,
     hidden_token_ids,
@@ -28,6 +30,7 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
+from turnstile.gateway_svc.reasoning import ThinkTokens, reasoning_readers
 from turnstile.gateway_svc.request_ids import (
     REQUEST_ID,
     answer_id,
@@ -78,8 +81,10 @@ class Gateway:
         tokens_as_ids: bool = False,
         responses_kept: int = 0,
         log_requests: bool = False,
+        think: ThinkTokens | None = None,
     ) -> None:
         self.engine = engine
+        self.think = think  # --reasoning-parser's markers: a chat's thinking told apart
         self.log_requests = log_requests  # a line each request as it ends
         self.stored = ResponsesStore(responses_kept)  # for previous_response_id and GET
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids when a request is silent
@@ -175,6 +180,8 @@ class Gateway:
         generation = await self._start(chat, arrival)
         if generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
+        if generation.thinking is not None:
+            shape.reasoning = reasoning_readers(chat, generation.thinking)
         shape.stored = self.stored.keeps(asked)
         if asked.stream:
             answer = responses_output.answer_stream(http, shape, generation)
@@ -203,6 +210,8 @@ class Gateway:
             shape.prompt_ids = [c.prompt_ids for c in generation.choices]
         if isinstance(request, ChatCompletionRequest) and generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, request)
+        if isinstance(request, ChatCompletionRequest) and generation.thinking is not None:
+            shape.reasoning = reasoning_readers(request, generation.thinking)
         if request.stream:
             answer = answer_stream(http, shape, generation, request)
         else:
@@ -246,6 +255,11 @@ class Gateway:
             self._tokenizing, prompts_of, request, self.tokenizer
         )
         prompts = truncated(prompts, request, self.max_model_len)
+        think = self.think if chat else None
+        if think is not None and not think.starts_thinking(prompts[0], self.tokenizer):
+            think = None  # the prompt closed the thinking: the answer is all content
+        if grammar is not None and think is not None:  # it constrains the answer, after it
+            grammar = msgspec.structs.replace(grammar, after=think.end)
         status = self.engine.status
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
         defaults = self.sampling_defaults
@@ -257,7 +271,7 @@ class Gateway:
         ]
         n = request.n or 1
         for ids, message in zip(prompts, messages, strict=True):
-            self._check_capacity(len(ids), message.max_tokens, n)
+            check_capacity(self.engine.status, self.block_size, len(ids), message.max_tokens, n)
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         prompt_tokens = sum(map(len, prompts))
@@ -273,24 +287,10 @@ class Gateway:
                 Choice(p * n + j, request, self.tokenizer, hidden, arrival) for j in range(n)
             ]
             for choice in choices:
-                choice.echo, choice.prompt_ids = echo, ids
+                choice.echo, choice.prompt_ids, choice.thinking = echo, ids, think
             if request.prompt_top is not None:  # the first choice brings them
                 choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices)
         generation.tool_mode = tools
+        generation.thinking = None if not chat or self.think is None else think is not None
         return generation
-
-    def _check_capacity(self, prompt: int, max_tokens: int, n: int) -> None:
-        """Refuse `n` choices whose KV blocks, the prompt's shared, exceed the whole cache."""
-        status, size = self.engine.status, self.block_size
-        if n == 1 or status is None or not status.num_blocks:
-            return
-        own = -(-(prompt + max_tokens) // size) - prompt // size
-        needed = prompt // size + n * own
-        if needed > status.num_blocks:
-            raise ApiError(
-                400,
-                f"n={n} choices of this prompt need {needed} KV blocks; the cache holds "
-                f"{status.num_blocks}. Lower n or max_tokens.",
-                param="n",
-            )

@@ -39,6 +39,11 @@ class GatewayConfig:
     tool_call_parser: Literal["hermes", "llama3_json"] | None = setting(
         None, "how the model writes its tool calls (vLLM's parser names)"
     )
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = setting(
+        None,
+        "a reasoning model's thinking, between <think> and </think>, given apart from a chat's "
+        "answer as `reasoning` (vLLM's parser names)",
+    )
     responses_store_size: int = setting(
         0,
         "Responses API responses kept in memory for previous_response_id and GET "

@@ -21,6 +21,7 @@ from aiohttp import web
 from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, PromptEntries, RequestStream
 from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.text_stream import TextStream
@@ -75,9 +76,16 @@ class Choice:
         # logprob), top N...], rank); the first has none, as in vLLM.
         self.prompt_logprobs: list[tuple[list[tuple[int, float]], int] | None] = []
         self.prompt_ids: list[int] = []
+        self.thinking: ThinkTokens | None = None  # with a reasoning parser, until </think>
+        self.reasoning_tokens = 0
         self._last = arrival
 
-    def token(self) -> None:
+    def token(self, token_id: int) -> None:
+        if self.thinking is not None:  # count the thinking's tokens, its markers left out
+            if token_id == self.thinking.end:
+                self.thinking = None
+            else:
+                self.reasoning_tokens += token_id != self.thinking.start
         now = time.perf_counter()
         histogram = metrics.INTER_TOKEN_LATENCY if self.tokens else metrics.TIME_TO_FIRST_TOKEN
         histogram.observe(now - self._last)
@@ -98,6 +106,8 @@ class Generation:
         self.n = n
         self.constraint_field: str | None = None  # the field that asks for a grammar
         self.tool_mode: str | None = None  # a chat's (`tool_calls.tool_mode`), if it has tools
+        # Under a reasoning parser, a chat's: whether its answer starts thinking; else None.
+        self.thinking: bool | None = None
         self.choices: list[Choice] = []
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -121,12 +131,16 @@ class Generation:
         completion = sum(choice.tokens for choice in self.choices)
         # A prompt's first choice: the others find its blocks cached by design.
         cached = sum(choice.cached_tokens for choice in self.choices[:: self.n])
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+        if self.thinking is not None:
+            thought = sum(choice.reasoning_tokens for choice in self.choices)
+            usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+        return usage
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """Every choice's pieces as they come, until each has given its last."""
@@ -177,7 +191,7 @@ class Generation:
                 return
             if choice.silent:
                 continue
-            choice.token()
+            choice.token(event.token_id)
             tokens.append(event.token_id)
             if event.logprobs:
                 entries.append(event.logprobs)
@@ -219,7 +233,9 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
         finish[piece.index] = piece.finish_reason or finish[piece.index]
     choices, request = [], generation.request
     for i, choice in enumerate(generation.choices):
-        text, calls, reason = "".join(texts[i]), [], finish[i]
+        text, calls, reason, reasoning = "".join(texts[i]), [], finish[i], None
+        if shape.reasoning is not None:
+            reasoning, text = shape.reasoning.whole(i, text)
         if shape.calls is not None:
             text, calls, reason = shape.calls[i].whole(text, reason)
         logprobs = shape.logprobs(entries[i], len(choice.echo))
@@ -227,7 +243,7 @@ async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Resp
             first = generation.choices[i - i % generation.n]  # its prompt's, which brought them
             prompt = shape.echo_logprobs(first.prompt_ids, first.prompt_logprobs, request.logprobs)
             logprobs = prompt if logprobs is None else {k: prompt[k] + logprobs[k] for k in prompt}
-        choices.append((text, reason, logprobs, calls, token_ids[i]))
+        choices.append((text, reason, logprobs, calls, token_ids[i], reasoning))
     top = request.prompt_logprobs
     prompts = [shape.prompt_logprobs(c.prompt_logprobs, top) for c in generation.choices]
     body = shape.whole(choices, generation.usage(), prompts if top is not None else None)
@@ -250,16 +266,20 @@ async def answer_stream(
     try:
         while piece is not None:
             i, text, calls, reason = piece.index, piece.text, [], piece.finish_reason
+            reasoning = ""
+            if shape.reasoning is not None:
+                reasoning, text = shape.reasoning.step(i, text, reason is not None)
             if shape.calls is not None:
                 text, calls, reason = shape.calls[i].step(text, reason)
             logprobs = shape.logprobs(piece.logprobs, offsets[i])
             offsets[i] += len(text)
             usage = generation.usage() if options and options.continuous_usage_stats else None
             token_ids[i] += piece.token_ids
-            if text or calls or reason or logprobs or not started[i]:
+            if text or calls or reason or logprobs or reasoning or not started[i]:
                 chunk = shape.chunk(
-                    i, text, reason, logprobs, not started[i], usage, calls, token_ids[i]
-                )
+                    i, text, reason, logprobs, not started[i], usage, calls, token_ids[i],
+                    reasoning,
+                )  # fmt: skip
                 token_ids[i] = []
                 started[i] = True
                 await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")

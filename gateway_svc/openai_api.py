@@ -17,7 +17,7 @@ from turnstile.gateway_svc.request_types import (
 from turnstile.gateway_svc.sampling_fields import sampling_params
 from turnstile.gateway_svc.token_requests import TokenizeChat
 from turnstile.gateway_svc.tool_calls import template_message, template_tools
-from turnstile.shared.protocol import AddRequest, Grammar, pack_ids
+from turnstile.shared.protocol import AddRequest, Grammar, SchedulerStatus, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
 Request = CompletionRequest | ChatCompletionRequest
@@ -87,10 +87,10 @@ def chat_text(request: ChatCompletionRequest | TokenizeChat, tokenizer: Tokenize
     """The conversation as the model's chat template writes it."""
     messages = []
     for message in request.messages:
-        fields = msgspec.structs.asdict(message)
-        messages.append(template_message({k: v for k, v in fields.items() if v is not None} | {
-            "content": message_text(message)
-        }))  # fmt: skip
+        fields = {k: v for k, v in msgspec.structs.asdict(message).items() if v is not None}
+        if thinking := message.reasoning or message.reasoning_content:  # templates read either
+            fields |= {"reasoning": thinking, "reasoning_content": thinking}
+        messages.append(template_message(fields | {"content": message_text(message)}))
     tools = template_tools(request) if isinstance(request, ChatCompletionRequest) else None
     try:
         return tokenizer.render_chat(
@@ -194,3 +194,21 @@ def engine_request(
         priority=request.priority,
         cache_salt=request.cache_salt or "",
     )
+
+
+def check_capacity(
+    status: SchedulerStatus | None, size: int, prompt: int, max_tokens: int, n: int
+) -> None:
+    """Refuse `n` choices whose KV blocks, the prompt's shared, exceed the whole cache
+    (`status`: the scheduler's last, with its number of blocks of `size` tokens)."""
+    if n == 1 or status is None or not status.num_blocks:
+        return
+    own = -(-(prompt + max_tokens) // size) - prompt // size
+    needed = prompt // size + n * own
+    if needed > status.num_blocks:
+        raise ApiError(
+            400,
+            f"n={n} choices of this prompt need {needed} KV blocks; the cache holds "
+            f"{status.num_blocks}. Lower n or max_tokens.",
+            param="n",
+        )

@@ -23,7 +23,6 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 RequestId = Annotated[str, Meta(pattern=r"^[!-~]{1,256}$")]  # printable: a header's value too
 # Accepted, not used: hints for OpenAI's own billing, storage and abuse tracking.
 Unused = Annotated[Any, Meta(description="accepted and not used")]
-NoReasoningParser = Annotated[bool | None, Meta(description="no reasoning parser: either holds")]
 
 
 def refused(no_op: str) -> Any:
@@ -49,6 +48,8 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None  # an assistant's thinking (vLLM's name), for the template
+    reasoning_content: str | None = None  # the same: SGLang's and DeepSeek's name
 
 
 class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
@@ -270,10 +271,12 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     moderation: refused("null") = None
     prompt_cache_options: refused("null") = None
     prompt_cache_retention: refused('"in_memory"') = None
-    # SGLang's: they act only with a reasoning parser (--reasoning-parser), which Turnstile has
-    # none of; as SGLang without one, either value leaves the answer whole in `content`.
-    separate_reasoning: NoReasoningParser = None
-    stream_reasoning: NoReasoningParser = None
+    # With --reasoning-parser (without one, each holds either way): vLLM's include_reasoning
+    # (false: the thinking is left out); SGLang's separate_reasoning (false: it stays in
+    # `content`) and stream_reasoning (false: streamed in one piece once it ends).
+    include_reasoning: bool = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     def check(self) -> None:
         super().check()

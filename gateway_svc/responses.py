@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from turnstile.gateway_svc.reasoning import ReasoningReaders
 from turnstile.gateway_svc.tool_calls import CallReaders
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -19,6 +20,7 @@ class ResponseShape:
         self.created = int(time.time())
         self.tokenizer = tokenizer
         self.calls: CallReaders | None = None  # a chat with tools: each choice's calls
+        self.reasoning: ReasoningReaders | None = None  # with --reasoning-parser: the thinking
         self.tokens_as_ids = False  # return_tokens_as_token_ids: logprobs name "token_id:N"
         # return_token_ids (vLLM's): each choice's prompt ids, and its tokens' ids beside text
         self.prompt_ids: list[list[int]] | None = None
@@ -45,6 +47,7 @@ class ResponseShape:
         calls: list[dict[str, Any]] | None = None,
         token_ids: list[int] | None = None,
         first: bool = True,
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
         if self.prompt_ids is not None:
@@ -56,7 +59,8 @@ class ResponseShape:
         elif delta is not None:
             choice["delta"] = delta
         else:
-            choice["message"] = {"role": "assistant", "content": text or None if calls else text}
+            said = text or None if calls or reasoning is not None else text
+            choice["message"] = {"role": "assistant", "content": said} | _thinking(reasoning)
             if calls:
                 choice["message"]["tool_calls"] = calls
         return choice | {"finish_reason": finish_reason}
@@ -71,12 +75,14 @@ class ResponseShape:
         usage: dict[str, Any] | None = None,
         calls: list[dict[str, Any]] | None = None,
         token_ids: list[int] | None = None,
+        reasoning: str = "",
     ) -> dict[str, Any]:
         """One stream chunk of choice `index`; a chat's first one also names the role.
         `usage`: the counts so far (vLLM's continuous_usage_stats); `calls`: tool call deltas;
-        `token_ids`: the ids of the chunk's tokens."""
+        `token_ids`: the ids of the chunk's tokens; `reasoning`: thinking to show."""
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text or not calls:
+        delta |= _thinking(reasoning or None)
+        if text or not (calls or reasoning):
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
@@ -93,18 +99,19 @@ class ResponseShape:
 
     def whole(
         self,
-        choices: list[tuple[str, str, Any, list[dict[str, Any]], list[int]]],
+        choices: list[tuple[str, str, Any, list[dict[str, Any]], list[int], str | None]],
         usage: dict[str, Any],
         prompt_logprobs: list[Any] | None = None,
     ) -> dict[str, Any]:
         """The response of every choice, each (text, finish_reason, logprobs, tool calls, token
-        ids), in index order;
+        ids, reasoning), in index order;
         `prompt_logprobs` (vLLM's, where asked): per choice for completions, the first
         prompt's for a chat, at the top."""
         listed = [
-            self._choice(index, text, finish, logprobs, calls=calls, token_ids=ids)
-            for index, (text, finish, logprobs, calls, ids) in enumerate(choices)
-        ]
+            self._choice(index, text, finish, logprobs, calls=calls, token_ids=ids,
+                         reasoning=reasoning)
+            for index, (text, finish, logprobs, calls, ids, reasoning) in enumerate(choices)
+        ]  # fmt: skip
         asked = bool(prompt_logprobs) and prompt_logprobs[0] is not None
         if asked and not self.chat:
             for choice, prompt in zip(listed, prompt_logprobs, strict=True):
@@ -192,3 +199,8 @@ class ResponseShape:
             "top_logprobs": [{name(t): lp for t, lp in entry[1:]} for entry in entries],
             "text_offset": offsets,
         }
+
+
+def _thinking(reasoning: str | None) -> dict[str, str]:
+    """A chat message's or delta's thinking, under vLLM's name and SGLang's (DeepSeek's API's)."""
+    return {} if reasoning is None else {"reasoning": reasoning, "reasoning_content": reasoning}

@@ -136,8 +136,20 @@ def add_item(messages: list[ChatMessage], item: dict[str, Any], where: str) -> N
     the model made (onto the assistant's message before it, as a chat holds a turn's calls), or
     a call's output."""
     kind = item.get("type", "message")
+    last = messages[-1] if messages else None
     if kind == "message":
-        messages.append(_message(item, where))
+        message = _message(item, where)
+        if message.role == "assistant" and _thinking_alone(last):  # its thinking came first
+            messages[-1] = msgspec.structs.replace(last, content=message.content)
+        else:
+            messages.append(message)
+    elif kind == "reasoning":  # the model's thinking, before the message or calls it led to
+        parts = item.get("content") or []
+        texts = [p.get("text") for p in parts if isinstance(p, dict)]
+        if not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, f"{where}: a reasoning item's content must be reasoning_text "
+                           "parts", param=f"{where}.content")  # fmt: skip
+        messages.append(ChatMessage("assistant", None, reasoning="".join(texts)))
     elif kind == "function_call":
         fields = _strings(item, where, "call_id", "name", "arguments")
         try:
@@ -147,7 +159,6 @@ def add_item(messages: list[ChatMessage], item: dict[str, Any], where: str) -> N
                            param=f"{where}.arguments") from None  # fmt: skip
         call = {"id": fields["call_id"], "type": "function",
                 "function": {"name": fields["name"], "arguments": fields["arguments"]}}  # fmt: skip
-        last = messages[-1] if messages else None
         if last is not None and last.role == "assistant":  # a copy: stored turns stay as kept
             messages[-1] = msgspec.structs.replace(last, tool_calls=[*(last.tool_calls or []),
                                                                      call])  # fmt: skip
@@ -157,8 +168,16 @@ def add_item(messages: list[ChatMessage], item: dict[str, Any], where: str) -> N
         fields = _strings(item, where, "call_id", "output")
         messages.append(ChatMessage("tool", fields["output"], tool_call_id=fields["call_id"]))
     else:
-        raise ApiError(400, f"{where}: only message, function_call and function_call_output "
-                       "items are supported", param=f"{where}.type")  # fmt: skip
+        raise ApiError(
+            400, f"{where}: only message, reasoning, function_call and function_call_output "
+            "items are supported", param=f"{where}.type",
+        )  # fmt: skip
+
+
+def _thinking_alone(message: ChatMessage | None) -> bool:
+    """An assistant's message that holds only its thinking (a reasoning item) so far."""
+    return (message is not None and message.role == "assistant" and message.content is None
+            and message.reasoning is not None and not message.tool_calls)  # fmt: skip
 
 
 def _strings(item: dict[str, Any], where: str, *names: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """A Responses API request's answer (`responses_api.py` reads the request): the `response`
 object, whole or as OpenAI's numbered stream of typed events, its output items in order: the
-assistant's messages of text and the function calls found in its answer (a `CallReader`, as a
-chat's)."""
+model's thinking (with --reasoning-parser), the assistant's messages of text and the function
+calls found in its answer (a `CallReader`, as a chat's)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from aiohttp import web
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import SSE_HEADERS, Generation
+from turnstile.gateway_svc.reasoning import ReasoningReaders
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.tool_calls import Call, CallReader
 
@@ -28,6 +29,7 @@ class ResponseObject:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # the items done, in order
         self.calls: CallReader | None = None  # where the request has tools
+        self.reasoning: ReasoningReaders | None = None  # with --reasoning-parser
         self.stored = False  # kept by the server's store once finished
         self.final: dict[str, Any] | None = None  # the body as it finished
 
@@ -53,19 +55,26 @@ class ResponseObject:
                 "input_tokens": usage["prompt_tokens"],
                 "input_tokens_details": usage["prompt_tokens_details"],
                 "output_tokens": usage["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": usage.get(
+                    "completion_tokens_details", {}).get("reasoning_tokens", 0)},
                 "total_tokens": usage["total_tokens"],
             },
         }  # fmt: skip
 
     @staticmethod
-    def message(item_id: str, text: str, status: str) -> dict[str, Any]:
-        content = [ResponseObject.part(text)] if status == "completed" else []
+    def item(kind: str, item_id: str, text: str, status: str) -> dict[str, Any]:
+        """A "message" item of the assistant's text, or a "reasoning" item of its thinking."""
+        content = [ResponseObject.part(kind, text)] if status == "completed" else []
+        if kind == "reasoning":
+            return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+                    "content": content}  # fmt: skip
         return {"id": item_id, "type": "message", "status": status, "role": "assistant",
                 "content": content}  # fmt: skip
 
     @staticmethod
-    def part(text: str) -> dict[str, Any]:
+    def part(kind: str, text: str) -> dict[str, Any]:
+        if kind == "reasoning":
+            return {"type": "reasoning_text", "text": text}
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
     @staticmethod
@@ -91,23 +100,29 @@ async def answer_whole(shape: ResponseObject, generation: Generation) -> web.Res
     async for piece in generation.pieces():
         texts.append(piece.text)
         finish = piece.finish_reason or finish
-    text, calls = "".join(texts), []
+    text, calls, reasoning = "".join(texts), [], None
+    if shape.reasoning is not None:
+        reasoning, text = shape.reasoning.whole(0, text)
+    if reasoning:
+        shape.output.append(shape.item("reasoning", f"rs_{uuid.uuid4().hex}", reasoning,
+                                       "completed"))  # fmt: skip
     if shape.calls is not None:
         text, calls, _ = shape.calls.whole(text, finish)
     if text or not calls:  # an answer without calls is a message, even an empty one
-        shape.output.append(shape.message(f"msg_{uuid.uuid4().hex}", text, "completed"))
+        shape.output.append(shape.item("message", f"msg_{uuid.uuid4().hex}", text, "completed"))
     shape.output += [shape.function_call(call) for call in calls]
     shape.final = shape.body(_status(finish), generation.usage())
     return web.Response(body=msgspec.json.encode(shape.final), content_type="application/json")
 
 
 class _Events:
-    """A stream's events as its output items open and close: a message while text comes, each
-    call as the reader completes it."""
+    """A stream's events as its output items open and close: a reasoning item while thinking
+    comes, a message while text comes, each call as the reader completes it."""
 
     def __init__(self, response: web.StreamResponse, shape: ResponseObject) -> None:
         self.response, self.shape = response, shape
-        self.item_id: str | None = None  # the message item open
+        self.item_id: str | None = None  # the item of text open
+        self.kind = "message"  # its kind: "message" or "reasoning"
         self.texts: list[str] = []
 
     async def write(self, kind: str, **fields: Any) -> None:
@@ -117,31 +132,40 @@ class _Events:
         return {"item_id": self.item_id, "output_index": len(self.shape.output),
                 "content_index": 0, **fields}  # fmt: skip
 
-    async def open_message(self) -> None:
-        self.item_id, self.texts = f"msg_{uuid.uuid4().hex}", []
+    async def open(self, kind: str) -> None:
+        await self.close()
+        self.kind, self.texts = kind, []
+        self.item_id = f"{'rs' if kind == 'reasoning' else 'msg'}_{uuid.uuid4().hex}"
+        item = self.shape.item(kind, self.item_id, "", "in_progress")
         await self.write("response.output_item.added", output_index=len(self.shape.output),
-                         item=self.shape.message(self.item_id, "", "in_progress"))  # fmt: skip
-        await self.write("response.content_part.added", **self.at_text(part=self.shape.part("")))
+                         item=item)  # fmt: skip
+        part = self.shape.part(kind, "")
+        await self.write("response.content_part.added", **self.at_text(part=part))
 
-    async def text(self, delta: str) -> None:
-        if self.item_id is None:
-            await self.open_message()
+    async def text(self, delta: str, kind: str = "message") -> None:
+        if self.item_id is None or self.kind != kind:
+            await self.open(kind)
         self.texts.append(delta)
-        await self.write("response.output_text.delta", **self.at_text(delta=delta, logprobs=[]))
+        extra = {"logprobs": []} if kind == "message" else {}
+        await self.write(self._event("delta"), **self.at_text(delta=delta, **extra))
 
-    async def close_message(self) -> None:
+    def _event(self, what: str) -> str:
+        return f"response.{'reasoning' if self.kind == 'reasoning' else 'output'}_text.{what}"
+
+    async def close(self) -> None:
         if self.item_id is None:
             return
-        text, shape = "".join(self.texts), self.shape
-        await self.write("response.output_text.done", **self.at_text(text=text, logprobs=[]))
-        await self.write("response.content_part.done", **self.at_text(part=shape.part(text)))
-        item = shape.message(self.item_id, text, "completed")
+        text, shape, kind = "".join(self.texts), self.shape, self.kind
+        extra = {"logprobs": []} if kind == "message" else {}
+        await self.write(self._event("done"), **self.at_text(text=text, **extra))
+        await self.write("response.content_part.done", **self.at_text(part=shape.part(kind, text)))
+        item = shape.item(kind, self.item_id, text, "completed")
         await self.write("response.output_item.done", output_index=len(shape.output), item=item)
         shape.output.append(item)
         self.item_id = None
 
     async def call(self, call: Call) -> None:
-        await self.close_message()
+        await self.close()
         item, index = self.shape.function_call(call), len(self.shape.output)
         at = {"item_id": item["id"], "output_index": index}
         await self.write("response.output_item.added", output_index=index,
@@ -167,9 +191,13 @@ async def answer_stream(
     try:
         while piece is not None:
             finish = piece.finish_reason or finish
-            text, calls = piece.text, []
+            text, calls, reasoning = piece.text, [], ""
+            if shape.reasoning is not None:
+                reasoning, text = shape.reasoning.step(0, text, piece.finish_reason is not None)
+            if reasoning:
+                await events.text(reasoning, "reasoning")
             if shape.calls is not None:
-                text, calls, _ = shape.calls.step(piece.text, piece.finish_reason)
+                text, calls, _ = shape.calls.step(text, piece.finish_reason)
             if text:
                 await events.text(text)
             for call in calls:
@@ -181,9 +209,10 @@ async def answer_stream(
                            param=error["param"])  # fmt: skip
         await response.write_eof()
         return response
-    if events.item_id is None and not shape.output:  # an empty answer is an empty message
-        await events.open_message()
-    await events.close_message()
+    answered = any(item["type"] != "reasoning" for item in shape.output)
+    if not answered and (events.item_id is None or events.kind == "reasoning"):
+        await events.open("message")  # an empty answer is an empty message
+    await events.close()
     status = _status(finish)
     shape.final = shape.body(status, generation.usage())
     await events.write(f"response.{status}", response=shape.final)

@@ -14,6 +14,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.shared.model_info import read_model_info, served_name
 from turnstile.shared.tokenizer import Tokenizer, read_template
@@ -47,9 +48,11 @@ async def _serve(config: GatewayServiceConfig) -> None:
     sampling_defaults = model_sampling_defaults(info.sampling_defaults) if auto else None
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
+    tokenizer = Tokenizer(model, info)
+    parser = settings.reasoning_parser
     gateway = Gateway(
         engine,
-        Tokenizer(model, info),
+        tokenizer,
         settings.served_model_name or [served_name(model)],
         min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
         config.engine.block_size,
@@ -59,6 +62,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.return_tokens_as_token_ids,
         settings.responses_store_size,
         settings.enable_log_requests,
+        ThinkTokens.of(tokenizer, parser) if parser else None,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -62,3 +62,11 @@ class TextStream:
         chunk = self.text[self.emitted : end]
         self.emitted = end
         return chunk
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """How many characters at the end of `text` begin `tag` (a tag that may still be coming)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0

@@ -16,6 +16,7 @@ import msgspec
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, NamedToolChoice
+from turnstile.gateway_svc.text_stream import partial_suffix
 from turnstile.shared.protocol import Grammar
 
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3's mark before a call
@@ -179,7 +180,7 @@ class CallReader:
             start = self._text.find("<tool_call>")
             if start < 0:
                 # Hold back what may be the start of a tag still coming.
-                keep = 0 if final else _partial_tag(self._text, "<tool_call>")
+                keep = 0 if final else partial_suffix(self._text, "<tool_call>")
                 said.append(self._text[: len(self._text) - keep])
                 self._text = self._text[len(self._text) - keep :]
                 break
@@ -228,11 +229,3 @@ class CallReaders:
         if index not in self._readers:
             self._readers[index] = CallReader(self._mode, self._parser, self._function)
         return self._readers[index]
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many characters at the end of `text` begin `tag`."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
-    return 0

@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -37,6 +37,9 @@ class Grammar(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     kind: str
     spec: str = ""
     any_whitespace: bool = True  # JSON: any whitespace between elements, else one space
+    # A token the grammar waits for (a reasoning model's </think>): it constrains only the
+    # tokens after it; -1: every token.
+    after: int = -1
 
 
 GRAMMAR_KINDS: Final = ("json", "regex", "ebnf")

@@ -1,19 +1,22 @@
 """The executor's grammar matchers on the real model, in process (the offline engine): a batch
 mixing constrained and free rows, preempted and recomputed, gives the same tokens as with room
-for all, and every constrained answer keeps to its grammar."""
+for all, and every constrained answer keeps to its grammar; a grammar that waits for a token
+constrains only what follows it."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import numpy as np
 import pytest
 
+from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import Completion, OfflineEngine
 from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.model_info import embedded_model_path, read_model_info
-from turnstile.shared.protocol import AddRequest, Grammar, SamplingParams, pack_ids
+from turnstile.shared.protocol import ID_DTYPE, AddRequest, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -68,3 +71,29 @@ def test_constrained_rows_survive_preemption_and_keep_to_their_grammars() -> Non
     assert texts[4] == json.dumps(json.loads(texts[4]))  # one space after , and :, no more
     assert re.fullmatch(r"[a-z]{3,8}-\d{2,4}", texts[2])
     assert texts[3] in ("yes", "no", "maybe so")
+
+
+def test_a_grammar_after_a_token_constrains_only_what_follows_it() -> None:
+    """Grammar.after (a reasoning model's </think>): no mask until the token is sampled; a
+    request that comes back from a preemption past it replays only what followed it."""
+    model = embedded_model_path()
+    info = read_model_info(model)
+    tokenizer = Tokenizer(model, info)
+    grammars = Grammars(model, info)
+    (bang,), (word,), (ab,), (c,) = (tokenizer.encode(t) for t in ("!", "Hello", "ab", "c"))
+    grammar = Grammar("regex", r"[a-z]{3,8}-\d{2,4}", after=bang)
+    grammars.join(1, grammar, np.array([word], dtype=ID_DTYPE))  # still before it
+    grammars.join(2, grammar, np.array([word, bang, ab], dtype=ID_DTYPE))  # preempted past it
+    req_ids = np.array([1, 2], dtype=np.int64)
+    rows, mask = grammars.bitmask(req_ids)
+    assert rows.tolist() == [1]  # request 1 is free
+
+    def allowed(row: int, token: int) -> bool:
+        return bool(mask[row, token // 32] >> (token % 32) & 1)
+
+    assert allowed(0, c) and not allowed(0, bang)  # "ab" replayed: a third letter, no "!"
+    grammars.accept(req_ids, np.array([bang, c]))
+    rows, mask = grammars.bitmask(req_ids)
+    assert rows.tolist() == [0, 1]  # request 1's grammar starts after its "!"
+    assert allowed(0, c) and not allowed(0, bang)
+    assert grammars.take_refused() == []

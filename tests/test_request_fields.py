@@ -114,7 +114,9 @@ CHAT = COMMON | {
     "moderation": ({"moderation": {"policy": {}}}, REFUSED),
     "prompt_cache_options": ({"prompt_cache_options": {"ttl": "1h"}}, REFUSED),
     "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, REFUSED),
-    "separate_reasoning": ({"separate_reasoning": False}, OK),  # no reasoning parser: either
+    # Without --reasoning-parser, either value holds (test_reasoning.py: with one)
+    "include_reasoning": ({"include_reasoning": False}, OK),
+    "separate_reasoning": ({"separate_reasoning": False}, OK),
     "stream_reasoning": ({"stream_reasoning": False}, OK),
 }
 

@@ -30,12 +30,14 @@ from turnstile.executor_svc.runner_config import (
     RunnerConfig,
 )
 from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
+from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.settings import nested, setting
+from turnstile.shared.tokenizer import Tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
 
 MAX_RESTARTS = 5  # within RESTART_WINDOW seconds, per service; then everything stops
@@ -146,8 +148,10 @@ def _start(service: Service) -> BaseProcess:
 
 def serve(config: ServeConfig) -> None:
     try:  # a model the executor would run wrongly stops here, before any service starts
-        read_model_info(config.engine.model_path)
-    except (UnsupportedModel, FileNotFoundError) as exc:
+        info = read_model_info(config.engine.model_path)
+        if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
+            ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
+    except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         sys.exit(f"turnstile: {exc}")
     # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,
     # and several stacks on one host never meet.

@@ -1,6 +1,7 @@
 """Writes a random-weight Llama that two ranks can split (8 query heads, 4 KV heads, ~110M
 parameters) and a word-level tokenizer, for tensor-parallel figures:
-    .venv/bin/python -m turnstile.bench.random_llama DIR"""
+    .venv/bin/python -m turnstile.bench.random_llama DIR
+and a tiny one with <think> and </think> tokens for reasoning parsers (`thinker`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,41 @@ def write(folder: Path, family: str = "Llama", **shape: object) -> Path:
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
         "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
         "decoder": None, "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
+    }))  # fmt: skip
+    return folder
+
+
+THINK_TOKENS = (510, 511)  # a thinker's <think> and </think>, in place of w510 and w511
+# A template that opens the thinking in the prompt, as DeepSeek-R1's, and closes it there with
+# enable_thinking false, as Qwen3's; an assistant's earlier thinking is written out.
+THINKER_TEMPLATE = (
+    "{% for m in messages %}{% if m.reasoning_content %}<think> {{ m.reasoning_content }} "
+    "</think> {% endif %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}w3 "
+    "{% if enable_thinking is defined and not enable_thinking %}<think> </think> {% else %}"
+    "<think> {% endif %}{% endif %}"
+)
+
+
+def thinker(folder: Path) -> Path:
+    """A tiny random Llama (2 layers, vocabulary of 512) whose tokens 510 and 511 are <think>
+    and </think>, with THINKER_TEMPLATE, for reasoning parsers."""
+    write(
+        folder, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, initializer_range=0.2,
+    )  # fmt: skip
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    for token, marker in zip(THINK_TOKENS, ("<think>", "</think>"), strict=True):
+        del tokenizer["model"]["vocab"][f"w{token}"]
+        tokenizer["model"]["vocab"][marker] = token
+        tokenizer["added_tokens"].append({
+            "id": token, "content": marker, "single_word": False, "lstrip": False,
+            "rstrip": False, "normalized": False, "special": False,
+        })  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": THINKER_TEMPLATE,
+        "bos_token": "w1", "eos_token": "w2", "model_max_length": 512,
     }))  # fmt: skip
     return folder
 

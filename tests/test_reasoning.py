@@ -1,6 +1,6 @@
 """Reasoning outputs through a real stack (`--reasoning-parser`) and the official openai client,
-on a tiny random model whose vocabulary has <think> and </think> (the markers' ids taken from its
-w510 and w511) and a template that opens the thinking, as DeepSeek-R1's: the answer's thinking
+on a tiny random model whose vocabulary has <think> and </think> (`random_llama.thinker`) and a
+template that opens the thinking, as DeepSeek-R1's: the answer's thinking
 comes as `reasoning` (and `reasoning_content`), whole or streamed, its tokens counted; a grammar
 constrains only what follows </think>; the Responses API gives a reasoning item; a vocabulary
 without the markers is refused at start. Sampled with a bias towards </think>, so that it comes
@@ -8,57 +8,31 @@ within a few tokens."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 import requests
-from test_tensor_parallel import tiny_llama
 
+from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
 
 pytestmark = pytest.mark.slow  # starts a stack
 
-START, END = 510, 511
-TEMPLATE = (
-    "{% for m in messages %}{% if m.reasoning_content %}<think> {{ m.reasoning_content }} "
-    "</think> {% endif %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}w3 "
-    "{% if enable_thinking is defined and not enable_thinking %}<think> </think> {% else %}"
-    "<think> {% endif %}{% endif %}"
-)
+START, END = random_llama.THINK_TOKENS
 THOUGHTFUL = {"temperature": 1.0, "logit_bias": {str(END): 5}, "max_tokens": 40}
 MESSAGES = [{"role": "user", "content": "w5 w6 w7"}]
 
 
-def thinker(folder: Path) -> Path:
-    """A tiny random Llama whose tokens 510 and 511 are <think> and </think>."""
-    tiny_llama(folder)
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    for token, marker in ((START, "<think>"), (END, "</think>")):
-        vocab = tokenizer["model"]["vocab"]
-        del vocab[f"w{token}"]
-        vocab[marker] = token
-        tokenizer["added_tokens"].append({
-            "id": token, "content": marker, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": False,
-        })  # fmt: skip
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (folder / "template.jinja").write_text(TEMPLATE)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = thinker(tmp_path_factory.mktemp("thinker"))
+    folder = random_llama.thinker(tmp_path_factory.mktemp("thinker"))
     with launched_server(
         "--model", str(folder), "--dtype", "float32", "--reasoning-parser", "deepseek_r1",
-        "--chat-template", str(folder / "template.jinja"), "--responses-store-size", "4",
-        "--served-model-name", "thinker",
+        "--responses-store-size", "4", "--served-model-name", "thinker",
     ) as server:  # fmt: skip
         yield server
 

@@ -16,7 +16,6 @@ from turnstile.gateway_svc.request_types import ChatCompletionRequest
 from turnstile.gateway_svc.text_stream import partial_suffix
 from turnstile.shared.tokenizer import Tokenizer
 
-PARSERS = ("deepseek_r1", "qwen3")  # vLLM's names; both read <think> ... </think>
 START, END = "<think>", "</think>"
 
 
@@ -55,7 +54,7 @@ class ThinkTokens:
 
 class ReasoningReader:
     """One choice's text split into its reasoning and its content; `feed` each piece, then
-    `finish`. Each returns (reasoning now, content now)."""
+    `finish`."""
 
     def __init__(self, thinking: bool, streamed: bool = True) -> None:
         self.thinking = thinking  # inside the thinking, until </think>
@@ -64,6 +63,7 @@ class ReasoningReader:
         self._text = ""  # held back: it may end in part of a marker
 
     def feed(self, piece: str) -> tuple[str, str]:
+        """(reasoning now, content now)."""
         if not self.thinking:
             return "", piece
         self._text += piece
@@ -72,26 +72,21 @@ class ReasoningReader:
             reasoning, content = self._text[:end], self._text[end + len(END) :]
             self._text, self.thinking = "", False
             return reasoning.replace(START, ""), content
-        keep = max(partial_suffix(self._text, END), partial_suffix(self._text, START))
         if not self.streamed:
             return "", ""
-        said, self._text = (
-            self._text[: len(self._text) - keep],
-            self._text[len(self._text) - keep :],
-        )
-        said = said.replace(START, "")
-        return said, ""
+        cut = len(self._text) - max(partial_suffix(self._text, m) for m in (START, END))
+        said, self._text = self._text[:cut], self._text[cut:]
+        return said.replace(START, ""), ""
 
-    def finish(self) -> tuple[str, str]:
-        """What is still held: a choice that ends still thinking has said only reasoning."""
+    def finish(self) -> str:
+        """The thinking still held: a choice that ends still thinking has said only that."""
         reasoning, self._text = self._text.replace(START, ""), ""
-        return reasoning, ""
+        return reasoning
 
     def whole(self, text: str) -> tuple[str | None, str]:
         """A whole answer: its reasoning (None where it has none) and its content."""
         reasoning, content = self.feed(text)
-        rest, _ = self.finish()
-        return (reasoning + rest if self.reasoned else None), content
+        return (reasoning + self.finish() if self.reasoned else None), content
 
 
 class ReasoningReaders:
@@ -108,7 +103,7 @@ class ReasoningReaders:
         reader = self._reader(index)
         reasoning, content = reader.feed(piece)
         if last:
-            reasoning += reader.finish()[0]
+            reasoning += reader.finish()
         return (reasoning if self.shown else ""), content
 
     def whole(self, index: int, text: str) -> tuple[str | None, str]:

@@ -36,7 +36,7 @@ def test_pieces_cut_anywhere_give_the_whole_answers_parts(
     at = sorted({min(cut, len(text)) for cut in cuts} | {0, len(text)})
     reader = ReasoningReader(thinking, streamed)
     said: list[tuple[str, str]] = [reader.feed(text[a:b]) for a, b in pairwise(at)]
-    said.append(reader.finish())
+    said.append((reader.finish(), ""))
     assert "".join(r for r, _ in said) == (reasoning or "")
     assert "".join(c for _, c in said) == content
     if not streamed:  # SGLang's stream_reasoning false: the thinking in one piece

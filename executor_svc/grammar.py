@@ -5,6 +5,10 @@ says at each sampling step which tokens the grammar allows and follows the token
 A request that comes back after a preemption brings the tokens it generated; its new matcher
 replays them, so its state is as before. xgrammar (with transformers) is imported by the first
 constrained request, in the compile thread: an executor that never sees one never loads it.
+
+A reasoning model's answer that starts inside its thinking (`SamplingParams.think_end`, its
+</think>) is constrained only after that token: its grammar waits for it, and a thinking budget
+leaves it the only token allowed once spent.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from prometheus_client import Histogram
 
 from turnstile.shared.model_info import ModelInfo
-from turnstile.shared.protocol import Grammar
+from turnstile.shared.protocol import Grammar, SamplingParams
 from turnstile.shared.tokenizer import Tokenizer
 
 COMPILE_SECONDS = Histogram(
@@ -43,16 +47,18 @@ _WHERE = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*")
 
 @dataclass(slots=True)
 class _Row:
-    compiled: Future[Any]
+    compiled: Future[Any] | None  # None: no grammar, a thinking budget alone
     replay: np.ndarray  # tokens generated before a preemption, for the new matcher
     matcher: Any = None  # xgrammar.GrammarMatcher, once compiled
     failed: bool = False
     ended: bool = False  # the matcher accepted a stop token: later tokens are never answered
-    after: int = -1  # a token still awaited (Grammar.after): nothing is constrained before it
+    think_end: int = -1  # while thinking: its end, before which no grammar constrains
+    budget: int = -1  # tokens the thinking may still take (-1: no limit)
 
 
 class Grammars:
-    """The matchers of the batch's constrained requests, by request id."""
+    """The matchers of the batch's constrained requests (a grammar, a thinking budget), by
+    request id."""
 
     def __init__(self, model_path: Path, info: ModelInfo) -> None:
         self._model_path, self._info = model_path, info
@@ -65,14 +71,19 @@ class Grammars:
     def __bool__(self) -> bool:
         return bool(self._rows)
 
-    def join(self, req_id: int, grammar: Grammar, generated: np.ndarray) -> None:
-        after = grammar.after
-        if after >= 0 and (found := np.flatnonzero(generated == after)).size:
-            generated, after = generated[found[0] + 1 :], -1  # it came before a preemption
-        self._rows[req_id] = _Row(
-            self._pool.submit(self._compile, grammar), generated if after < 0 else generated[:0],
-            after=after,
-        )  # fmt: skip
+    def join(self, req_id: int, sampling: SamplingParams, generated: np.ndarray) -> None:
+        """A request with a grammar or a thinking budget, and what it generated before."""
+        end, grammar = sampling.think_end, sampling.grammar
+        if end >= 0 and (found := np.flatnonzero(generated == end)).size:
+            generated, end = generated[found[0] + 1 :], -1  # it ended before a preemption
+        budget = (
+            -1
+            if sampling.thinking_budget < 0
+            else max(sampling.thinking_budget - generated.size, 0)
+        )
+        compiled = None if grammar is None else self._pool.submit(self._compile, grammar)
+        self._rows[req_id] = _Row(compiled, generated if end < 0 else generated[:0],
+                                  think_end=end, budget=budget)  # fmt: skip
 
     def clear(self) -> None:
         """Forget every request (a new batch); the compiled grammars stay cached."""
@@ -84,7 +95,7 @@ class Grammars:
             self._rows.pop(req_id, None)
 
     def bitmask(self, req_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """For the sampling rows (`req_ids`, in row order) whose grammar still constrains them:
+        """For the sampling rows (`req_ids`, in row order) whose next token is constrained:
         their row indices and their allowed tokens, 32 a word (bit j of word w: token 32w + j).
         Waits for a grammar still compiling."""
         started = time.perf_counter()
@@ -96,7 +107,13 @@ class Grammars:
             self._mask = torch.empty(max(len(rows), 2 * self._mask.shape[0]), words,
                                      dtype=torch.int32)  # fmt: skip
         for k, i in enumerate(rows):
-            self._rows[int(req_ids[i])].matcher.fill_next_token_bitmask(self._mask, k)
+            row = self._rows[int(req_ids[i])]
+            if row.think_end >= 0:  # its thinking's budget is spent: only its end is allowed
+                self._mask[k] = 0
+                word, bit = divmod(row.think_end, 32)
+                self._mask[k, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32's bits
+            else:
+                row.matcher.fill_next_token_bitmask(self._mask, k)
         MASK_SECONDS.observe(time.perf_counter() - started)
         return np.array(rows, dtype=np.int64), self._mask[: len(rows)].numpy()
 
@@ -104,8 +121,11 @@ class Grammars:
         """The sampling rows' new tokens, into their matchers."""
         for req_id, token in zip(req_ids.tolist(), tokens.tolist(), strict=True):
             row = self._rows.get(req_id)
-            if row is not None and row.after >= 0:
-                row.after = -1 if token == row.after else row.after  # the grammar starts
+            if row is not None and row.think_end >= 0:
+                if token == row.think_end:
+                    row.think_end = -1  # the answer, and its grammar, start
+                elif row.budget > 0:
+                    row.budget -= 1
                 continue
             if row is None or row.matcher is None or row.ended:
                 continue
@@ -121,8 +141,13 @@ class Grammars:
         return refused
 
     def _live(self, req_id: int) -> bool:
+        """Whether the request's next token is constrained."""
         row = self._rows.get(req_id)
-        if row is None or row.failed or row.ended or row.after >= 0:
+        if row is None or row.failed or row.ended:
+            return False
+        if row.think_end >= 0:
+            return row.budget == 0
+        if row.compiled is None:
             return False
         if row.matcher is None:
             try:

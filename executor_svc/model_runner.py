@@ -26,6 +26,7 @@ from turnstile.shared.protocol import (
     BatchPlan,
     StepResult,
     adjusts_logits,
+    constrains,
     pack_ids,
     unpack_ids,
 )
@@ -204,7 +205,7 @@ class ModelRunner:
     def _needs_tokens(self, plan: BatchPlan) -> bool:
         """Whether the step's rows read their tokens on the host."""
         current = self.applier.adjusts[self.applier.batch.order].any()
-        joining = any(adjusts_logits(n.sampling) or n.sampling.grammar for n in plan.new)
+        joining = any(adjusts_logits(n.sampling) or constrains(n.sampling) for n in plan.new)
         return bool(self.grammars) or bool(current) or joining
 
     def _carry(self, inputs: StepInputs) -> Carry | None:
@@ -228,8 +229,6 @@ class ModelRunner:
         if self.grammars and plan.removed:
             self.grammars.leave(unpack_ids(plan.removed))
         for new in plan.new:
-            if new.sampling.grammar is not None:
+            if constrains(new.sampling):
                 tokens = unpack_ids(new.token_ids)
-                self.grammars.join(
-                    new.req_id, new.sampling.grammar, tokens[new.num_prompt_tokens :]
-                )
+                self.grammars.join(new.req_id, new.sampling, tokens[new.num_prompt_tokens :])

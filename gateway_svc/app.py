@@ -10,7 +10,6 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -30,7 +29,7 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
-from turnstile.gateway_svc.reasoning import ThinkTokens, reasoning_readers
+from turnstile.gateway_svc.reasoning import ThinkTokens, answer_thinks, reasoning_readers
 from turnstile.gateway_svc.request_ids import (
     REQUEST_ID,
     answer_id,
@@ -255,20 +254,12 @@ class Gateway:
             self._tokenizing, prompts_of, request, self.tokenizer
         )
         prompts = truncated(prompts, request, self.max_model_len)
-        think = self.think if chat else None
-        if think is not None and not think.starts_thinking(prompts[0], self.tokenizer):
-            think = None  # the prompt closed the thinking: the answer is all content
-        if grammar is not None and think is not None:  # it constrains the answer, after it
-            grammar = msgspec.structs.replace(grammar, after=think.end)
+        think = answer_thinks(request, self.think, prompts[0], self.tokenizer)
         status = self.engine.status
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
-        defaults = self.sampling_defaults
-        messages = [
-            engine_request(
-                request, ids, self.max_model_len, self.tokenizer, defaults, kv_tokens, grammar
-            )
-            for ids in prompts
-        ]
+        limits = (self.max_model_len, self.tokenizer, self.sampling_defaults, kv_tokens)
+        end = -1 if think is None else think.end
+        messages = [engine_request(request, ids, *limits, grammar, end) for ids in prompts]
         n = request.n or 1
         for ids, message in zip(prompts, messages, strict=True):
             check_capacity(self.engine.status, self.block_size, len(ids), message.max_tokens, n)

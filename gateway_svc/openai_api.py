@@ -154,12 +154,15 @@ def engine_request(
     sampling_defaults: dict[str, float] | None = None,
     kv_tokens: int | None = None,
     grammar: Grammar | None = None,
+    think_end: int = -1,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
     fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
     without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`).
-    `grammar`: the output's constraint."""
+    `grammar`: the output's constraint; `think_end`: a reasoning model's </think>, where the
+    answer starts inside its thinking (with the chat's thinking_token_budget)."""
     chat = isinstance(request, ChatCompletionRequest)
+    budget = request.thinking_token_budget if isinstance(request, ChatCompletionRequest) else None
     asked = request.max_tokens
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
         asked = request.max_completion_tokens
@@ -187,7 +190,10 @@ def engine_request(
         prompt_ids=pack_ids(prompt_ids),
         max_tokens=asked,
         sampling=msgspec.structs.replace(
-            sampling_params(request, tokenizer, sampling_defaults or {}, asked), grammar=grammar
+            sampling_params(request, tokenizer, sampling_defaults or {}, asked),
+            grammar=grammar,
+            think_end=think_end,
+            thinking_budget=budget if chat and think_end >= 0 and budget is not None else -1,
         ),
         stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,

@@ -275,6 +275,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     # (false: the thinking is left out); SGLang's separate_reasoning (false: it stays in
     # `content`) and stream_reasoning (false: streamed in one piece once it ends).
     include_reasoning: bool = True
+    # vLLM's: </think> is forced once the thinking took this many tokens
+    thinking_token_budget: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
     separate_reasoning: bool = True
     stream_reasoning: bool = True
 

@@ -108,9 +108,10 @@ def _check_adjustments(sampling: SamplingParams, vocab_size: int) -> None:
         raise ValueError("allowed_token_ids is longer than the vocabulary, or min_tokens < 0")
     ids = [t for t, _ in sampling.logit_bias] + sampling.allowed_token_ids
     ids += sampling.min_tokens_stop_ids + [t for word in sampling.bad_words for t in word]
-    if sampling.grammar is not None and sampling.grammar.after >= 0:
-        ids.append(sampling.grammar.after)
+    ids += [sampling.think_end] if sampling.think_end != -1 else []
     if any(not 0 <= t < vocab_size for t in ids) or not all(sampling.bad_words):
         raise ValueError(
-            f"logit_bias, allowed_token_ids, bad_words, a grammar's after: ids in [0, {vocab_size})"
+            f"logit_bias, allowed_token_ids, bad_words, think_end: ids in [0, {vocab_size})"
         )
+    if sampling.thinking_budget < -1 or (sampling.thinking_budget >= 0 > sampling.think_end):
+        raise ValueError("thinking_budget must be -1 (none), or >= 0 with a think_end")

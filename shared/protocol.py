@@ -37,9 +37,6 @@ class Grammar(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     kind: str
     spec: str = ""
     any_whitespace: bool = True  # JSON: any whitespace between elements, else one space
-    # A token the grammar waits for (a reasoning model's </think>): it constrains only the
-    # tokens after it; -1: every token.
-    after: int = -1
 
 
 GRAMMAR_KINDS: Final = ("json", "regex", "ebnf")
@@ -64,6 +61,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     min_tokens_stop_ids: list[int] = []  # banned while fewer than min_tokens are generated
     prompt_logprobs: int | None = None  # N: each prompt token's logprob and the top N
     grammar: Grammar | None = None  # structured output: the tokens it allows, each step
+    # A reasoning model's </think>, where the answer starts inside its thinking (-1: it does
+    # not): a grammar constrains only what follows it, and once `thinking_budget` tokens were
+    # generated without it, it is the only token allowed (-1: no budget).
+    think_end: int = -1
+    thinking_budget: int = -1
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -83,6 +85,11 @@ def adjusts_logits(sampling: SamplingParams) -> bool:
         or sampling.min_tokens or sampling.repetition_penalty != 1.0
         or sampling.frequency_penalty or sampling.presence_penalty
     )  # fmt: skip
+
+
+def constrains(sampling: SamplingParams) -> bool:
+    """Whether the executor masks a request's tokens on the host: a grammar, a thinking budget."""
+    return sampling.grammar is not None or sampling.thinking_budget >= 0
 
 
 class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):

@@ -73,27 +73,38 @@ def test_constrained_rows_survive_preemption_and_keep_to_their_grammars() -> Non
     assert texts[3] in ("yes", "no", "maybe so")
 
 
-def test_a_grammar_after_a_token_constrains_only_what_follows_it() -> None:
-    """Grammar.after (a reasoning model's </think>): no mask until the token is sampled; a
-    request that comes back from a preemption past it replays only what followed it."""
+def test_a_thinking_answer_is_constrained_only_after_its_end() -> None:
+    """SamplingParams.think_end (a reasoning model's </think>, here "!"): no grammar mask until
+    it is sampled, and a request preempted past it replays only what followed it; a spent
+    thinking_budget allows that token alone, also counted across a preemption."""
     model = embedded_model_path()
     info = read_model_info(model)
     tokenizer = Tokenizer(model, info)
     grammars = Grammars(model, info)
     (bang,), (word,), (ab,), (c,) = (tokenizer.encode(t) for t in ("!", "Hello", "ab", "c"))
-    grammar = Grammar("regex", r"[a-z]{3,8}-\d{2,4}", after=bang)
-    grammars.join(1, grammar, np.array([word], dtype=ID_DTYPE))  # still before it
-    grammars.join(2, grammar, np.array([word, bang, ab], dtype=ID_DTYPE))  # preempted past it
-    req_ids = np.array([1, 2], dtype=np.int64)
-    rows, mask = grammars.bitmask(req_ids)
-    assert rows.tolist() == [1]  # request 1 is free
+    regex = SamplingParams(grammar=Grammar("regex", r"[a-z]{3,8}-\d{2,4}"), think_end=bang)
+    budget = SamplingParams(think_end=bang, thinking_budget=3)
+    grammars.join(1, regex, np.array([word], dtype=ID_DTYPE))  # still thinking
+    grammars.join(2, regex, np.array([word, bang, ab], dtype=ID_DTYPE))  # preempted past it
+    grammars.join(3, budget, np.array([word], dtype=ID_DTYPE))  # 2 tokens of thinking left
+    grammars.join(4, budget, np.array([word] * 5, dtype=ID_DTYPE))  # preempted over budget
+    req_ids = np.array([1, 2, 3, 4], dtype=np.int64)
 
-    def allowed(row: int, token: int) -> bool:
+    def allowed(mask: np.ndarray, row: int, token: int) -> bool:
         return bool(mask[row, token // 32] >> (token % 32) & 1)
 
-    assert allowed(0, c) and not allowed(0, bang)  # "ab" replayed: a third letter, no "!"
-    grammars.accept(req_ids, np.array([bang, c]))
     rows, mask = grammars.bitmask(req_ids)
-    assert rows.tolist() == [0, 1]  # request 1's grammar starts after its "!"
-    assert allowed(0, c) and not allowed(0, bang)
+    assert rows.tolist() == [1, 3]  # 1 and 3 are free
+    assert allowed(mask, 0, c) and not allowed(mask, 0, bang)  # "ab" replayed: a third letter
+    assert [t for t in range(info.vocab_size) if allowed(mask, 1, t)] == [bang]
+    grammars.accept(req_ids, np.array([bang, c, word, bang]))
+    rows, mask = grammars.bitmask(req_ids)
+    assert rows.tolist() == [0, 1]  # 1's grammar starts after its "!"; 3 has one token left
+    grammars.accept(req_ids, np.array([c, c, word, word]))
+    rows, mask = grammars.bitmask(req_ids)
+    assert rows.tolist() == [0, 1, 2]  # 3's budget is spent; 4's thinking ended
+    assert [t for t in range(info.vocab_size) if allowed(mask, 2, t)] == [bang]
+    grammars.join(5, SamplingParams(think_end=63, thinking_budget=0), np.array([], ID_DTYPE))
+    rows, mask = grammars.bitmask(np.array([5]))  # a word's last bit: int32's sign
+    assert [t for t in range(info.vocab_size) if allowed(mask, 0, t)] == [63]
     assert grammars.take_refused() == []

@@ -132,6 +132,26 @@ def test_a_grammar_constrains_the_answer_after_the_thinking(
     assert alone.content == "w7 w8 w9"  # no thinking: constrained from the first token
 
 
+def test_a_thinking_budget_ends_the_thinking_after_that_many_tokens(client: openai.OpenAI) -> None:
+    """vLLM's thinking_token_budget: greedy, this model never writes </think> itself."""
+
+    def greedy(**fields: Any) -> Any:
+        body = {"return_token_ids": True} | fields
+        return chat(client, temperature=0, logit_bias=None, extra_body=body)
+
+    free = greedy().choices[0].token_ids
+    assert END not in free
+    for budget in (0, 3):
+        answer = greedy(thinking_token_budget=budget)
+        ids = answer.choices[0].token_ids
+        assert ids[: budget + 1] == [*free[:budget], END]
+        assert answer.usage.completion_tokens_details.reasoning_tokens == budget
+        assert answer.choices[0].message.content  # the answer after it, unconstrained
+    closed = {"chat_template_kwargs": {"enable_thinking": False}}  # no thinking to end
+    spent = greedy(thinking_token_budget=0, **closed).choices[0].token_ids
+    assert spent == greedy(**closed).choices[0].token_ids
+
+
 def test_an_assistants_earlier_thinking_reaches_the_template(server: Server) -> None:
     said = {"role": "assistant", "content": "w9"}
     asked = [MESSAGES[0], said, {"role": "user", "content": "w4"}]

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow  # starts a stack
 
 OK, REFUSED = "honoured", "refused"
 FCFS = "refused under the default policy"  # honoured with --policy priority
+NO_PARSER = "refused without --reasoning-parser"  # honoured with one (test_reasoning.py)
 # For each field (OpenAI's and vLLM's): the body fields sent with it, and what must happen.
 COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "model": ({"model": MODEL}, OK),
@@ -118,6 +119,7 @@ CHAT = COMMON | {
     "include_reasoning": ({"include_reasoning": False}, OK),
     "separate_reasoning": ({"separate_reasoning": False}, OK),
     "stream_reasoning": ({"stream_reasoning": False}, OK),
+    "thinking_token_budget": ({"thinking_token_budget": 8}, NO_PARSER),
 }
 
 
@@ -157,7 +159,7 @@ def test_a_field_is_honoured_or_refused_by_name(
     with pytest.raises(openai.BadRequestError) as refusal:
         send(client, chat, body)
     assert field in refusal.value.body["message"]
-    assert refusal.value.body["param"] == (field if outcome == REFUSED else None)
+    assert refusal.value.body["param"] == (None if outcome == FCFS else field)
 
 
 def test_an_unknown_field_is_refused_by_name(client: openai.OpenAI) -> None:

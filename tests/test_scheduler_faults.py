@@ -21,7 +21,6 @@ from turnstile.shared.protocol import (
     AddRequest,
     BatchPlan,
     FrameError,
-    Grammar,
     Register,
     RegisterReply,
     SamplingParams,
@@ -56,7 +55,8 @@ def config(**overrides: object) -> SchedulerConfig:
         (dict(sampling=SamplingParams(top_k=-2)), "top_k"),
         (dict(sampling=SamplingParams(logprobs=21)), "logprobs"),
         (dict(sampling=SamplingParams(logprobs=-1)), "logprobs"),
-        (dict(sampling=SamplingParams(grammar=Grammar("regex", "a", after=VOCAB))), "after"),
+        (dict(sampling=SamplingParams(think_end=VOCAB)), "think_end"),
+        (dict(sampling=SamplingParams(thinking_budget=4)), "thinking_budget"),
     ],
 )
 def test_every_field_an_executor_could_not_run_is_refused_by_name(

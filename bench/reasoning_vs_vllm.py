@@ -30,6 +30,8 @@ CASES = [
     ("closed at once", ASKED, 4, {}),
     ("prompt closed it", ASKED, 3, CLOSED),
     ("earlier thinking", EARLIER, 3, {}),
+    ("thinking budget 3", ASKED, 0, {"thinking_token_budget": 3}),
+    ("thinking budget 0", ASKED, 0, {"thinking_token_budget": 0}),
 ]
 
 

@@ -73,14 +73,11 @@ class Grammars:
 
     def join(self, req_id: int, sampling: SamplingParams, generated: np.ndarray) -> None:
         """A request with a grammar or a thinking budget, and what it generated before."""
-        end, grammar = sampling.think_end, sampling.grammar
+        end, grammar, budget = sampling.think_end, sampling.grammar, sampling.thinking_budget
+        if budget >= 0:
+            budget = max(budget - generated.size, 0)  # what the thinking may still take
         if end >= 0 and (found := np.flatnonzero(generated == end)).size:
             generated, end = generated[found[0] + 1 :], -1  # it ended before a preemption
-        budget = (
-            -1
-            if sampling.thinking_budget < 0
-            else max(sampling.thinking_budget - generated.size, 0)
-        )
         compiled = None if grammar is None else self._pool.submit(self._compile, grammar)
         self._rows[req_id] = _Row(compiled, generated if end < 0 else generated[:0],
                                   think_end=end, budget=budget)  # fmt: skip

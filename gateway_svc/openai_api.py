@@ -193,7 +193,7 @@ def engine_request(
             sampling_params(request, tokenizer, sampling_defaults or {}, asked),
             grammar=grammar,
             think_end=think_end,
-            thinking_budget=budget if chat and think_end >= 0 and budget is not None else -1,
+            thinking_budget=-1 if budget is None or think_end < 0 else budget,
         ),
         stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,

@@ -11,10 +11,9 @@ token count is exact. Each choice's text goes through a `ReasoningReader`, whole
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.request_types import ChatCompletionRequest
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.text_stream import partial_suffix
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -128,14 +127,18 @@ def reasoning_readers(request: ChatCompletionRequest, thinking: bool) -> Reasoni
 
 
 def answer_thinks(
-    request: Any, think: ThinkTokens | None, prompt_ids: list[int], tokenizer: Tokenizer
+    request: CompletionRequest | ChatCompletionRequest,
+    think: ThinkTokens | None,
+    prompt_ids: list[int],
+    tokenizer: Tokenizer,
 ) -> ThinkTokens | None:
     """The markers, where a chat's answer starts inside its thinking under a reasoning parser;
     else None. vLLM's thinking_token_budget without a parser is refused."""
-    chat = isinstance(request, ChatCompletionRequest)
-    if chat and request.thinking_token_budget is not None and think is None:
+    if not isinstance(request, ChatCompletionRequest):
+        return None
+    if request.thinking_token_budget is not None and think is None:
         raise ApiError(400, "thinking_token_budget needs a server started with "
                        "--reasoning-parser", param="thinking_token_budget")  # fmt: skip
-    if not chat or think is None or not think.starts_thinking(prompt_ids, tokenizer):
+    if think is None or not think.starts_thinking(prompt_ids, tokenizer):
         return None  # the prompt closed the thinking, where it did: the answer is all content
     return think

@@ -119,7 +119,9 @@ class Grammars:
         for req_id, token in zip(req_ids.tolist(), tokens.tolist(), strict=True):
             row = self._rows.get(req_id)
             if row is not None and row.think_end >= 0:
-                if token == row.think_end:
+                if token == row.think_end and row.compiled is None:
+                    del self._rows[req_id]  # a budget alone: no step need wait for its tokens
+                elif token == row.think_end:
                     row.think_end = -1  # the answer, and its grammar, start
                 elif row.budget > 0:
                     row.budget -= 1

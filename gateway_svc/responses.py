@@ -59,7 +59,7 @@ class ResponseShape:
         elif delta is not None:
             choice["delta"] = delta
         else:
-            said = text or None if calls or reasoning is not None else text
+            said = (text or None) if calls or reasoning is not None else text
             choice["message"] = {"role": "assistant", "content": said} | _thinking(reasoning)
             if calls:
                 choice["message"]["tool_calls"] = calls

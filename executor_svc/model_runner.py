@@ -24,6 +24,7 @@ from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import (
     BatchPlan,
+    Embedding,
     StepResult,
     adjusts_logits,
     constrains,
@@ -138,12 +139,16 @@ class ModelRunner:
     @torch.inference_mode()
     def run(
         self, step: DeviceStep, constrained: np.ndarray | None = None
-    ) -> tuple[Sampled, torch.Tensor | None]:
+    ) -> tuple[Sampled, torch.Tensor | None, torch.Tensor | None]:
         """Forward and sample, all on the device, with no host sync (the tokens leave later,
-        in a `HostCopy`); with the prompt logprobs asked for, their table. `constrained`: the
-        sampling rows' request ids, where some have a grammar."""
+        in a `HostCopy`); with the prompt logprobs asked for, their table; with embeddings,
+        their vectors. `constrained`: the sampling rows' request ids, where some have a
+        grammar."""
         hidden = self.backend.forward(step)
-        logits = self.model.logits(hidden[step.logits_indices])
+        last = hidden[step.logits_indices]
+        logits = self.model.logits(last)
+        embed_rows = step.sampling.device.get("embed_rows")
+        vectors = None if embed_rows is None else last[embed_rows].float()
         mask = None if constrained is None else self.grammars.bitmask(constrained)
         if mask is not None:  # computed on the host while the device computes the logits
             rows, words = mask
@@ -156,7 +161,7 @@ class ModelRunner:
             width = max(top for *_, top in prompt.rows)
             prompt_logits = self.model.logits(hidden[on["prompt_tokens"]])
             table = prompt_table(prompt_logits, on["prompt_targets"], width)
-        return self.backend.sample(logits, step.sampling), table
+        return self.backend.sample(logits, step.sampling), table, vectors
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run a step to its end."""
@@ -179,9 +184,10 @@ class ModelRunner:
             return ReadyStep(plan.step, StepResult(step=plan.step))
         step = self.upload(inputs, self._carry(inputs))
         constrained = self.applier.batch.req_ids[inputs.sample_rows] if self.grammars else None
-        sampled, table = self.run(step, constrained)
+        sampled, table, vectors = self.run(step, constrained)
         reserved = self.applier.reserve()
         prompt = step.sampling.host.prompt
+        embedded = step.sampling.host.embed_rows
 
         def finish(tokens: np.ndarray, logprobs: Logprobs) -> StepResult:
             self.applier.fill(reserved, tokens)
@@ -196,6 +202,7 @@ class ModelRunner:
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 refused=self.grammars.take_refused(),
+                embeddings=embeddings(reserved.req_ids, embedded, vectors),
             )
 
         flight = StepInFlight(plan.step, sampled, reserved.rows, finish)
@@ -232,3 +239,13 @@ class ModelRunner:
             if constrains(new.sampling):
                 tokens = unpack_ids(new.token_ids)
                 self.grammars.join(new.req_id, new.sampling, tokens[new.num_prompt_tokens :])
+
+
+def embeddings(
+    req_ids: np.ndarray, rows: np.ndarray | None, vectors: torch.Tensor | None
+) -> list[Embedding]:
+    """The step's embeddings, on the host once its tokens are (rare: the copy may wait)."""
+    if rows is None or vectors is None:
+        return []
+    host = vectors.cpu().numpy().astype("<f4")
+    return [Embedding(int(req_ids[row]), host[i].tobytes()) for i, row in enumerate(rows)]

@@ -50,6 +50,7 @@ class SamplingArrays:
     logprob_rows: np.ndarray | None  # rows that asked for logprobs
     top_logprobs: list[int]  # how many top entries each of them asked for
     adjustments: LogitsAdjustments
+    embed_rows: np.ndarray | None  # rows whose last prompt token's hidden state is asked for
     prompt: PromptPositions | None = None  # prompt tokens whose logprobs are asked for
 
     @classmethod
@@ -71,6 +72,7 @@ class SamplingArrays:
             if p.seed is not None:
                 keys[row] = (p.seed * _SEED_STRIDE + int(output_index[i])) % (2**63)
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        embed = [i for i, p in enumerate(params) if p.embed and output_index[i] == 0]
         return cls(
             random_rows=np.array(random, dtype=np.int64) if random else None,
             temperature=np.array([p.temperature for p in chosen], dtype=np.float64),
@@ -84,6 +86,7 @@ class SamplingArrays:
             adjustments=LogitsAdjustments.build(
                 params, output_index, history or _no_history, adjusting
             ),
+            embed_rows=np.array(embed, dtype=np.int64) if embed else None,
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -101,6 +104,8 @@ class SamplingArrays:
                 out["min_p"] = self.min_p
         if self.logprob_rows is not None:
             out["logprob_rows"] = self.logprob_rows
+        if self.embed_rows is not None:
+            out["embed_rows"] = self.embed_rows
         if self.prompt is not None:
             out |= self.prompt.arrays()
         return out | self.adjustments.arrays

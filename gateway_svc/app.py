@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnstile.gateway_svc import metrics, responses_output
+from turnstile.gateway_svc.embeddings import Embeddings
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
@@ -105,6 +106,11 @@ class Gateway:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
+        embeddings = Embeddings(
+            self.engine, self.tokenizer, self.max_model_len, self.check_model,
+            self.served_names[0], self._tokenizing,
+        )  # fmt: skip
+        app.router.add_post("/v1/embeddings", embeddings.create)
         app.router.add_get("/v1/responses/{response_id}", self.stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self.delete_response)
         app.router.add_get("/v1/models", self.models)

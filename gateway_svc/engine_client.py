@@ -20,6 +20,7 @@ import zmq
 from turnstile.shared.protocol import (
     AbortRequest,
     AddRequest,
+    Embedding,
     EngineOutputs,
     FromScheduler,
     Heartbeat,
@@ -63,7 +64,7 @@ class End:
 @dataclass(slots=True)
 class RequestStream:
     req_id: int
-    events: asyncio.Queue[Token | PromptEntries | End]
+    events: asyncio.Queue[Token | PromptEntries | Embedding | End]
     deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
@@ -187,6 +188,10 @@ class EngineClient:
             stream = self._streams.get(prompt.req_id)
             if stream is not None:
                 stream.events.put_nowait(PromptEntries(prompt.first, prompt.entries, prompt.ranks))
+        for embedding in outputs.embeddings:  # likewise
+            stream = self._streams.get(embedding.req_id)
+            if stream is not None:
+                stream.events.put_nowait(embedding)
         logprobs = outputs.logprobs or [[]] * len(req_ids)
         if not len(req_ids) == len(token_ids) == len(logprobs):
             self._codec.count_malformed("outputs whose ids, tokens and logprobs differ in length")

@@ -26,3 +26,21 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": self.kind, "code": self.code}
         return {"error": error | {"param": self.param}}
+
+
+# How a scheduler's refusal ("error", "grammar", ... : `Finished.reason`) reaches the client:
+# status, OpenAI error type, headers.
+REFUSALS = {
+    "error": (400, "invalid_request_error", {}),
+    "grammar": (400, "invalid_request_error", {}),
+    "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
+    "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
+    "timeout": (504, "timeout", {}),
+    "failed": (500, "server_error", {}),
+}
+
+
+def refusal(reason: str, message: str, param: str | None = None) -> ApiError:
+    """The client's error for a request the scheduler refused or could not end (REFUSALS)."""
+    status, kind, headers = REFUSALS[reason]
+    return ApiError(status, message, kind, headers=dict(headers), param=param)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, PromptEntries, RequestStream
-from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.responses import ResponseShape
@@ -30,15 +30,6 @@ from turnstile.shared.tokenizer import Tokenizer
 
 Request = CompletionRequest | ChatCompletionRequest
 Logprobs = list[list[tuple[int, float]]]
-# How a refusal from the scheduler reaches the client: status, OpenAI error type, headers.
-_REFUSALS = {
-    "error": (400, "invalid_request_error", {}),
-    "grammar": (400, "invalid_request_error", {}),
-    "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
-    "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
-    "timeout": (504, "timeout", {}),
-    "failed": (500, "server_error", {}),
-}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -168,7 +159,7 @@ class Generation:
         while True:
             event = await stream.events.get()
             computed = not isinstance(event, PromptEntries)  # those come with each chunk
-            if siblings and computed and not (isinstance(event, End) and event.reason in _REFUSALS):
+            if siblings and computed and not (isinstance(event, End) and event.reason in REFUSALS):
                 # The prompt is computed: the other choices start on its cached blocks.
                 for offset, sibling in enumerate(siblings, start=1):
                     self._tasks.append(asyncio.get_running_loop().create_task(
@@ -181,10 +172,9 @@ class Generation:
                         choice.prompt_logprobs[event.first + offset] = entry
                 continue
             if isinstance(event, End):
-                if event.reason in _REFUSALS:
-                    status, kind, headers = _REFUSALS[event.reason]
+                if event.reason in REFUSALS:
                     param = self.constraint_field if event.reason == "grammar" else None
-                    raise ApiError(status, event.error, kind, headers=headers, param=param)
+                    raise refusal(event.reason, event.error, param)
                 finish = "stop" if event.reason == "stop" else event.reason
                 choice.cached_tokens = event.cached_tokens
                 self._pieces.put_nowait(Piece(choice.index, text.finish(), entries, finish, tokens))

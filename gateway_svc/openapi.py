@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from turnstile.gateway_svc.embeddings import EmbeddingRequest
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -83,8 +84,8 @@ def _stored() -> dict[str, Any]:
 
 
 def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
-    requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeCompletion,
-                TokenizeChat, Detokenize]  # fmt: skip
+    requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest,
+                TokenizeCompletion, TokenizeChat, Detokenize]  # fmt: skip
     _, schemas = msgspec.json.schema_components(
         requests, ref_template="#/components/schemas/{name}"
     )
@@ -111,6 +112,9 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
                 True,
             ),
             "/v1/responses/{response_id}": _stored(),
+            "/v1/embeddings": _post(
+                ["EmbeddingRequest"], "Embed inputs", "an embedding of each input"
+            ),
             "/v1/models": _get("The served model", "model list", 401),
             "/tokenize": _post(
                 ["TokenizeCompletion", "TokenizeChat"],

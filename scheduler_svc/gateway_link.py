@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from turnstile.shared.protocol import (
+    Embedding,
     EngineOutputs,
     Finished,
     PromptLogprobs,
@@ -34,7 +35,7 @@ MAX_GATEWAYS = 127  # slots 1..127 keep a key below 2**31
 # Buffered for a stalled gateway (stopped, or busy tokenizing) rather than dropped: its streams
 # resume intact when it reads again.
 SEND_HIGH_WATER_MARK = 100_000
-Keyed = TypeVar("Keyed", Finished, PromptLogprobs)
+Keyed = TypeVar("Keyed", Finished, PromptLogprobs, Embedding)
 
 
 class GatewayLink:
@@ -79,7 +80,8 @@ class GatewayLink:
         owners = keys >> LOCAL_ID_BITS
         ended = _by_owner(outputs.finished)
         prompts = _by_owner(outputs.prompt_logprobs)
-        for slot in set(np.unique(owners).tolist()) | set(ended) | set(prompts):
+        vectors = _by_owner(outputs.embeddings)
+        for slot in set(np.unique(owners).tolist()) | set(ended) | set(prompts) | set(vectors):
             mine = owners == slot
             every = bool(mine.all())
             logprobs = outputs.logprobs
@@ -93,6 +95,7 @@ class GatewayLink:
                 finished=ended.get(slot, []),
                 logprobs=logprobs,
                 prompt_logprobs=prompts.get(slot, []),
+                embeddings=vectors.get(slot, []),
             )
             self._send(slot, message)
 

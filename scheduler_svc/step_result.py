@@ -26,6 +26,9 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         raise FrameError(f"sampled ids outside the vocabulary [0, {lifecycle.vocab_size})")
     if result.logprobs and len(result.logprobs) != len(sampled):
         raise FrameError(f"{len(result.logprobs)} logprobs entries for {len(sampled)} ids")
+    embedded = {embedding.req_id for embedding in result.embeddings}
+    if embedded and not embedded <= set(record.req_ids.tolist()):
+        raise FrameError("an embedding for a request that sampled no token in this step")
     lifecycle.in_flight.popleft()
     for req_id, why in result.refused:  # a grammar that does not compile: the request's fault
         req = lifecycle.requests.get(req_id)
@@ -48,6 +51,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
             finished=lifecycle.take_finished(),
             logprobs=result.logprobs,
             prompt_logprobs=result.prompt_logprobs,
+            embeddings=result.embeddings,
         )
     answered = live.copy()
     if lifecycle.padding:  # padding rows' tokens are computed, never answered
@@ -56,6 +60,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
     for i in np.flatnonzero(~live).tolist():
         answered[i] = _late_token(lifecycle, record, i, int(sampled[i]))
     kept = np.flatnonzero(answered)
+    answered_ids = set(record.req_ids[kept].tolist())
     lifecycle.stats.generation_tokens += len(kept)
     _end_stopped(lifecycle, record.slots[rows], sampled[rows], record.index[rows] + 1)
     lifecycle.retire_padding()
@@ -66,6 +71,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         finished=lifecycle.take_finished(),
         logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
         prompt_logprobs=result.prompt_logprobs,
+        embeddings=[e for e in result.embeddings if e.req_id in answered_ids],
     )
 
 

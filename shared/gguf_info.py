@@ -14,6 +14,7 @@ import numpy as np
 
 from turnstile.shared.gguf_header import TensorInfo, read_header
 from turnstile.shared.model_support import FREQUENCY_FACTORS, ORIGINAL, check_gguf_fields
+from turnstile.shared.pooling import gguf_pooling
 
 Field = Callable[..., Any]  # field(key, default=None): a metadata value
 Tensors = dict[str, TensorInfo]
@@ -74,6 +75,7 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "residual_multiplier": float(field(f"{arch}.residual_scale", 1.0)),
         "logits_scaling": float(field(f"{arch}.logit_scale", 1.0)),
         **_experts(arch, field, layers, tensors),
+        **gguf_pooling(arch, field),
     }
 
 

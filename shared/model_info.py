@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from turnstile.shared import gguf_info, model_support
+from turnstile.shared import gguf_info, model_support, pooling
 from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
     check_hf_config,
@@ -25,6 +25,7 @@ from turnstile.shared.model_support import (
     rope_parameters,
     rope_type,
 )
+from turnstile.shared.pooling import hf_pooling
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,12 @@ class ModelInfo:
     expert_intermediate_size: int = 0
     normalize_expert_weights: bool = False
     expert_layers: tuple[int, ...] = ()  # the layers whose MLP is the experts
+    # How /v1/embeddings makes a text's vector (`pooling.py`): only "last" is computed; a
+    # Matryoshka model's vector may be cut to `dimensions` (any, where none are listed).
+    pooling: str = "last"
+    normalize_embeddings: bool = True
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -208,7 +215,8 @@ def read_model_info(path: Path) -> ModelInfo:
         return _from_hf_directory(path)
     # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once (per
     # version of the code that reads it).
-    cached = derived_path(path, "info.json", (__file__, gguf_info.__file__, model_support.__file__))
+    readers = (__file__, gguf_info.__file__, model_support.__file__, pooling.__file__)
+    cached = derived_path(path, "info.json", readers)
     if cached.exists():
         return msgspec.json.decode(cached.read_bytes(), type=ModelInfo)
     info = _from_gguf(path)
@@ -277,4 +285,5 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         chat_template=template,
         rope_scaling=rope if rope_type(rope) != "default" else None,
         **family_features(config),
+        **hf_pooling(path, config),
     )

@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -66,6 +66,16 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     # generated without it, it is the only token allowed (-1: no budget).
     think_end: int = -1
     thinking_budget: int = -1
+    # An embeddings request's: the hidden state of its last prompt token (after the final
+    # norm) comes back with its first token, as an `Embedding`.
+    embed: bool = False
+
+
+class Embedding(msgspec.Struct, array_like=True, frozen=True):
+    """A request's last prompt token's hidden state, little-endian float32, unnormalized."""
+
+    req_id: int
+    vector: bytes
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True):
@@ -134,6 +144,7 @@ class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     logprobs: list[list[tuple[int, float]]] = []
     prompt_logprobs: list[PromptLogprobs] = []
     refused: list[tuple[int, str]] = []  # (req_id, why): requests it cannot run (a grammar)
+    embeddings: list[Embedding] = []
 
 
 class StepFailed(msgspec.Struct, array_like=True, frozen=True, tag=10):
@@ -187,6 +198,7 @@ class EngineOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=
     finished: list[Finished] = []
     logprobs: list[list[tuple[int, float]]] = []  # aligned with req_ids when any was asked
     prompt_logprobs: list[PromptLogprobs] = []
+    embeddings: list[Embedding] = []  # before the tokens of their requests
 
 
 class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):

@@ -20,6 +20,7 @@ from turnstile.shared.protocol import (
     PROTOCOL_VERSION,
     AddRequest,
     BatchPlan,
+    Embedding,
     FrameError,
     Register,
     RegisterReply,
@@ -81,6 +82,8 @@ def test_a_result_that_does_not_fit_its_step_changes_nothing() -> None:
         StepResult(step=plan.step, sampled=b"\x01\x02\x03"),  # not a whole id
         StepResult(step=plan.step, sampled=pack_ids([5, VOCAB])),  # outside the vocabulary
         StepResult(step=plan.step, sampled=good.sampled, logprobs=[[(1, -0.5)]]),
+        # an embedding for a request that is not in the step
+        StepResult(step=plan.step, sampled=good.sampled, embeddings=[Embedding(3, b"")]),
         StepResult(step=plan.step + 1, sampled=good.sampled),  # another step's
     ):
         with pytest.raises(FrameError):

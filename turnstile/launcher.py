@@ -149,6 +149,12 @@ def _start(service: Service) -> BaseProcess:
 def serve(config: ServeConfig) -> None:
     try:  # a model the executor would run wrongly stops here, before any service starts
         info = read_model_info(config.engine.model_path)
+        budget, seqs = config.scheduling.max_num_batched_tokens, config.engine.max_num_seqs
+        if budget < seqs:  # else the scheduler would refuse it once an executor registers
+            raise ValueError(
+                f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({seqs}): "
+                "each decode computes a token a step"
+            )
         if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
             ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:

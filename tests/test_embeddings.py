@@ -1,0 +1,165 @@
+"""`/v1/embeddings` through a real stack and the official openai client. On a tiny random Qwen3
+written as Qwen3-Embedding is (sentence-transformers' last-token Pooling and Normalize modules,
+Matryoshka dimensions, a tokenizer that closes each text with its EOS): every vector against
+transformers' `AutoModel` (the last token's final hidden state, normalized), inputs batched,
+chunked and found in the prefix cache alike. On the embedded model: what is refused, by name."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import requests
+
+from turnstile.bench import random_llama
+from turnstile.bench.server_process import Server, launched_server
+from turnstile.shared.pooling import gguf_pooling, hf_pooling
+
+pytestmark = pytest.mark.slow  # starts a stack
+
+DIMENSIONS = [16, 32, 64]
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]  # fmt: skip
+POOLING = {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True,
+           "pooling_mode_mean_tokens": False}  # fmt: skip
+TEXTS = ["w5 w6 w7", " ".join(f"w{i}" for i in range(10, 110)), "w40"]  # the second: chunked
+
+
+def write_embedder(folder: Path) -> Path:
+    random_llama.write(
+        folder, "Qwen3", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, matryoshka_dimensions=DIMENSIONS, initializer_range=0.2,
+    )  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(MODULES))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(POOLING))
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = {  # each text closed by its EOS, as Qwen3-Embedding's
+        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+        {"SpecialToken": {"id": "w2", "type_id": 0}}], "pair": [],
+        "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
+    }  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_embedder(tmp_path_factory.mktemp("embedder"))
+
+
+@pytest.fixture(scope="module")
+def embedder(model: Path) -> Iterator[openai.OpenAI]:
+    with launched_server(
+        "--model", str(model), "--dtype", "float32", "--served-model-name", "embedder",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "32",
+    ) as server:  # fmt: skip
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+def reference(model: Path, ids: list[list[int]], width: int = 64) -> np.ndarray:
+    """transformers' last hidden state of each input's last token, cut and normalized."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModel.from_pretrained(model, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        rows = [hf(torch.tensor([row])).last_hidden_state[0, -1, :width] for row in ids]
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+def token_ids(model: Path, text: str) -> list[int]:
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")).encode(text).ids
+
+
+def vectors(answer: openai.types.CreateEmbeddingResponse) -> np.ndarray:
+    assert [item.index for item in answer.data] == list(range(len(answer.data)))
+    return np.array([item.embedding for item in answer.data])
+
+
+def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.OpenAI) -> None:
+    ids = [token_ids(model, text) for text in TEXTS]
+    assert ids[0][-1] == 2 and len(ids[1]) > 32  # closed by EOS; more than one step's tokens
+    expected = reference(model, ids + [[7, 8, 9]])
+    answer = embedder.embeddings.create(model="embedder", input=TEXTS)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(map(len, ids))
+    np.testing.assert_allclose(vectors(answer), expected[:3], atol=2e-5)
+    by_ids = embedder.embeddings.create(model="embedder", input=[[7, 8, 9]])
+    np.testing.assert_allclose(vectors(by_ids)[0], expected[3], atol=2e-5)
+    again = embedder.embeddings.create(model="embedder", input=TEXTS[1])  # its blocks cached
+    np.testing.assert_allclose(vectors(again)[0], expected[1], atol=2e-5)
+
+
+def test_matryoshka_dimensions_and_base64(model: Path, embedder: openai.OpenAI) -> None:
+    expected = reference(model, [token_ids(model, TEXTS[0])], width=16)[0]
+    cut = embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=16)
+    np.testing.assert_allclose(vectors(cut)[0], expected, atol=2e-5)
+    raw = requests.post(
+        f"{embedder.base_url}embeddings",
+        json={"input": TEXTS[0], "dimensions": 16, "encoding_format": "base64"},
+    ).json()
+    packed = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(packed, expected, atol=2e-5)
+    with pytest.raises(openai.BadRequestError) as refused:
+        embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=20)
+    assert refused.value.body["param"] == "dimensions" and "[16, 32, 64]" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "dimensions": 8}, "dimensions"),  # not a Matryoshka model
+        ({"input": "hi", "pooling": "mean"}, "pooling"),  # a field no one declares
+        ({"input": ["hi", [5, 6]]}, "input"),  # texts and ids mixed
+        ({"input": ""}, "input"),  # no token
+        ({"input": [[5, 49152]]}, "input"),  # outside the vocabulary
+        ({"input": [[5] * 8192]}, "input"),  # no room in the context
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+    ],
+)
+def test_what_is_refused_is_named(service: Server, body: dict, param: str) -> None:
+    answer = requests.post(f"{service.url}/v1/embeddings", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+def test_the_embedded_model_embeds_its_tokens(service: Server, client: openai.OpenAI) -> None:
+    """Last-token pooling of a generative model, as vLLM's `--convert embed`: unit vectors, one
+    per input, the same for the same text however it is batched."""
+    answer = client.embeddings.create(model="SmolLM2-135M-Instruct", input=["a cat", "a dog"])
+    alone = client.embeddings.create(model="SmolLM2-135M-Instruct", input="a dog")
+    found = vectors(answer)
+    assert found.shape == (2, 576)
+    np.testing.assert_allclose(np.linalg.norm(found, axis=1), 1, atol=1e-5)
+    np.testing.assert_allclose(vectors(alone)[0], found[1], atol=1e-4)
+    counted = [
+        requests.post(f"{service.url}/tokenize", json={"prompt": text}).json()["count"]
+        for text in ("a cat", "a dog")
+    ]
+    assert answer.usage.prompt_tokens == sum(counted)
+
+
+def test_pooling_read_from_the_model(tmp_path: Path) -> None:
+    """What the gateway refuses to embed: another pooling, a module after it (Dense)."""
+    mean = {**POOLING, "pooling_mode_lasttoken": False, "pooling_mode_mean_tokens": True}
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(mean))
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (tmp_path / "modules.json").write_text(json.dumps([*MODULES[:2], dense]))
+    fields = hf_pooling(tmp_path, {"is_matryoshka": True})
+    assert fields == {"pooling": "mean then Dense", "normalize_embeddings": False,
+                      "is_matryoshka": True, "matryoshka_dimensions": ()}  # fmt: skip
+    metadata = {"qwen3.pooling_type": 3}
+    assert gguf_pooling("qwen3", metadata.get) == {"pooling": "last"}
+    assert gguf_pooling("llama", metadata.get) == {}  # a generative file: the default

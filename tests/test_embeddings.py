@@ -24,10 +24,11 @@ pytestmark = pytest.mark.slow  # starts a stack
 
 DIMENSIONS = [16, 32, 64]
 MODULES = [
-    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-]  # fmt: skip
+    {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+    for i, (path, kind) in enumerate(
+        [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    )
+]
 POOLING = {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True,
            "pooling_mode_mean_tokens": False}  # fmt: skip
 TEXTS = ["w5 w6 w7", " ".join(f"w{i}" for i in range(10, 110)), "w40"]  # the second: chunked
@@ -91,7 +92,7 @@ def vectors(answer: openai.types.CreateEmbeddingResponse) -> np.ndarray:
 def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.OpenAI) -> None:
     ids = [token_ids(model, text) for text in TEXTS]
     assert ids[0][-1] == 2 and len(ids[1]) > 32  # closed by EOS; more than one step's tokens
-    expected = reference(model, ids + [[7, 8, 9]])
+    expected = reference(model, [*ids, [7, 8, 9]])
     answer = embedder.embeddings.create(model="embedder", input=TEXTS)
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(map(len, ids))
     np.testing.assert_allclose(vectors(answer), expected[:3], atol=2e-5)

@@ -1,7 +1,8 @@
 """Writes a random-weight Llama that two ranks can split (8 query heads, 4 KV heads, ~110M
 parameters) and a word-level tokenizer, for tensor-parallel figures:
     .venv/bin/python -m turnstile.bench.random_llama DIR
-and a tiny one with <think> and </think> tokens for reasoning parsers (`thinker`)."""
+a tiny one with <think> and </think> tokens for reasoning parsers (`thinker`), and a tiny Qwen3
+laid out as Qwen3-Embedding is (`embedder`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,41 @@ def thinker(folder: Path) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": THINKER_TEMPLATE,
         "bos_token": "w1", "eos_token": "w2", "model_max_length": 512,
+    }))  # fmt: skip
+    return folder
+
+
+# sentence-transformers' modules, as Qwen3-Embedding lists them: last-token pooling, normalized.
+EMBEDDER_MODULES = [
+    {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+    for i, (path, kind) in enumerate(
+        [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    )
+]
+
+
+def embedder(folder: Path) -> Path:
+    """A tiny random Qwen3 (2 layers, hidden size 128, Matryoshka dimensions 32, 64 and 128) with
+    Qwen3-Embedding's sentence-transformers modules and a tokenizer that closes each text with
+    its EOS (w2), as Qwen3-Embedding's does."""
+    write(
+        folder, "Qwen3", vocab_size=512, hidden_size=128, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=512, matryoshka_dimensions=[32, 64, 128], initializer_range=0.2,
+    )  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(EMBEDDER_MODULES))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": 128, "pooling_mode_lasttoken": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+        {"SpecialToken": {"id": "w2", "type_id": 0}}], "pair": [],
+        "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
+    }  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
     }))  # fmt: skip
     return folder
 

@@ -41,7 +41,8 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         for slot in record.still_prefilled(batch):
             lifecycle.prefix_cache.publish(slot)
     if live.all() and not lifecycle.padding:  # the common case: every token answered
-        lifecycle.stats.generation_tokens += len(sampled)
+        # an embedding's request samples a token that is never answered
+        lifecycle.stats.generation_tokens += len(sampled) - len(result.embeddings)
         _end_stopped(lifecycle, record.slots, sampled, record.index + 1)
         lifecycle.retire_padding()  # a static padded batch whose last live row just ended
         return EngineOutputs(
@@ -61,7 +62,8 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         answered[i] = _late_token(lifecycle, record, i, int(sampled[i]))
     kept = np.flatnonzero(answered)
     answered_ids = set(record.req_ids[kept].tolist())
-    lifecycle.stats.generation_tokens += len(kept)
+    embeddings = [e for e in result.embeddings if e.req_id in answered_ids]
+    lifecycle.stats.generation_tokens += len(kept) - len(embeddings)
     _end_stopped(lifecycle, record.slots[rows], sampled[rows], record.index[rows] + 1)
     lifecycle.retire_padding()
     return EngineOutputs(
@@ -71,7 +73,7 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         finished=lifecycle.take_finished(),
         logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
         prompt_logprobs=result.prompt_logprobs,
-        embeddings=[e for e in result.embeddings if e.req_id in answered_ids],
+        embeddings=embeddings,
     )
 
 

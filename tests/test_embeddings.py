@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,52 +23,30 @@ from turnstile.shared.pooling import gguf_pooling, hf_pooling
 
 pytestmark = pytest.mark.slow  # starts a stack
 
-DIMENSIONS = [16, 32, 64]
-MODULES = [
-    {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
-    for i, (path, kind) in enumerate(
-        [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
-    )
-]
-POOLING = {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True,
-           "pooling_mode_mean_tokens": False}  # fmt: skip
 TEXTS = ["w5 w6 w7", " ".join(f"w{i}" for i in range(10, 110)), "w40"]  # the second: chunked
-
-
-def write_embedder(folder: Path) -> Path:
-    random_llama.write(
-        folder, "Qwen3", vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, matryoshka_dimensions=DIMENSIONS, initializer_range=0.2,
-    )  # fmt: skip
-    (folder / "modules.json").write_text(json.dumps(MODULES))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(POOLING))
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    tokenizer["post_processor"] = {  # each text closed by its EOS, as Qwen3-Embedding's
-        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
-        {"SpecialToken": {"id": "w2", "type_id": 0}}], "pair": [],
-        "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
-    }  # fmt: skip
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    return folder
+MODULES = random_llama.EMBEDDER_MODULES
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_embedder(tmp_path_factory.mktemp("embedder"))
+    return random_llama.embedder(tmp_path_factory.mktemp("embedder"))
 
 
 @pytest.fixture(scope="module")
-def embedder(model: Path) -> Iterator[openai.OpenAI]:
+def server(model: Path) -> Iterator[Server]:
     with launched_server(
         "--model", str(model), "--dtype", "float32", "--served-model-name", "embedder",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "32",
     ) as server:  # fmt: skip
-        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        yield server
 
 
-def reference(model: Path, ids: list[list[int]], width: int = 64) -> np.ndarray:
+@pytest.fixture(scope="module")
+def embedder(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+def reference(model: Path, ids: list[list[int]], width: int = 128) -> np.ndarray:
     """transformers' last hidden state of each input's last token, cut and normalized."""
     import torch
     import transformers
@@ -103,18 +82,36 @@ def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.Op
 
 
 def test_matryoshka_dimensions_and_base64(model: Path, embedder: openai.OpenAI) -> None:
-    expected = reference(model, [token_ids(model, TEXTS[0])], width=16)[0]
-    cut = embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=16)
+    expected = reference(model, [token_ids(model, TEXTS[0])], width=32)[0]
+    cut = embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=32)
     np.testing.assert_allclose(vectors(cut)[0], expected, atol=2e-5)
     raw = requests.post(
         f"{embedder.base_url}embeddings",
-        json={"input": TEXTS[0], "dimensions": 16, "encoding_format": "base64"},
+        json={"input": TEXTS[0], "dimensions": 32, "encoding_format": "base64"},
     ).json()
     packed = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(packed, expected, atol=2e-5)
     with pytest.raises(openai.BadRequestError) as refused:
-        embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=20)
-    assert refused.value.body["param"] == "dimensions" and "[16, 32, 64]" in refused.value.message
+        embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=40)
+    assert refused.value.body["param"] == "dimensions" and "[32, 64, 128]" in refused.value.message
+
+
+def test_no_token_of_an_embedding_counts_as_generated(
+    server: Server, embedder: openai.OpenAI
+) -> None:
+    """The scheduler's generation counter takes a completion's 3 tokens, none of the inputs'
+    sampled and dropped (embedded before and after it)."""
+    embedder.embeddings.create(model="embedder", input=TEXTS)
+    embedder.completions.create(model="embedder", prompt="w5", max_tokens=3,
+                                extra_body={"ignore_eos": True})  # fmt: skip
+    embedder.embeddings.create(model="embedder", input=TEXTS)
+    counted = 0.0
+    for _ in range(50):  # the counter is published a moment after the step
+        counted = server.scrape().get("turnstile:generation_tokens_total", 0.0)
+        if counted >= 3:
+            break
+        time.sleep(0.1)
+    assert counted == 3
 
 
 @pytest.mark.parametrize(
@@ -153,7 +150,7 @@ def test_the_embedded_model_embeds_its_tokens(service: Server, client: openai.Op
 
 def test_pooling_read_from_the_model(tmp_path: Path) -> None:
     """What the gateway refuses to embed: another pooling, a module after it (Dense)."""
-    mean = {**POOLING, "pooling_mode_lasttoken": False, "pooling_mode_mean_tokens": True}
+    mean = {"pooling_mode_lasttoken": False, "pooling_mode_mean_tokens": True}
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(mean))
     dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}

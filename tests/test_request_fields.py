@@ -12,9 +12,11 @@ import openai
 import pytest
 from conftest import MODEL
 from openai.types import completion_create_params as completion_params
+from openai.types import embedding_create_params as embedding_params
 from openai.types.chat import completion_create_params as chat_params
 
 from turnstile.bench.server_process import Server
+from turnstile.gateway_svc.embeddings import EmbeddingRequest
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 
 pytestmark = pytest.mark.slow  # starts a stack
@@ -122,6 +124,17 @@ CHAT = COMMON | {
     "thinking_token_budget": ({"thinking_token_budget": 8}, NO_PARSER),
 }
 
+NOT_MATRYOSHKA = "refused unless the model is Matryoshka"  # honoured: test_embeddings.py
+EMBEDDINGS: dict[str, tuple[dict[str, Any], str]] = {
+    "input": ({"input": ["Hi", "Ho"]}, OK),
+    "model": ({"model": MODEL}, OK),
+    "encoding_format": ({"encoding_format": "float"}, OK),
+    "dimensions": ({"dimensions": 8}, NOT_MATRYOSHKA),
+    "user": ({"user": "someone"}, OK),
+    "truncate_prompt_tokens": ({"truncate_prompt_tokens": 1}, OK),
+    "add_special_tokens": ({"add_special_tokens": False}, OK),
+}
+
 
 def fields_of(typed_dict: type) -> set[str]:
     return set(typing.get_type_hints(typed_dict))
@@ -135,6 +148,21 @@ def test_every_field_of_openai_and_of_our_types_is_classified() -> None:
     for table, kind in ((COMPLETIONS, CompletionRequest), (CHAT, ChatCompletionRequest)):
         refused = {name for name, (_, outcome) in table.items() if outcome == REFUSED}
         assert refused == set(kind.REFUSED)  # what the table says is what the server does
+
+
+def test_every_embeddings_field_is_honoured_or_refused_by_name(client: openai.OpenAI) -> None:
+    given = fields_of(embedding_params.EmbeddingCreateParams)
+    assert given | set(EmbeddingRequest.__struct_fields__) == set(EMBEDDINGS)
+    for field, (body, outcome) in EMBEDDINGS.items():
+        asked = {"input": "Hi"} | body
+        if outcome == OK:
+            answer = client.post("/embeddings", cast_to=object, body=asked)
+            inputs = asked["input"] if isinstance(asked["input"], list) else [asked["input"]]
+            assert len(answer["data"]) == len(inputs)
+            continue
+        with pytest.raises(openai.BadRequestError) as refusal:
+            client.post("/embeddings", cast_to=object, body=asked)
+        assert refusal.value.body["param"] == field
 
 
 def send(client: openai.OpenAI, chat: bool, body: dict[str, Any]) -> Any:

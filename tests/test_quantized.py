@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -250,15 +251,26 @@ print(json.dumps([done.prompt_logprobs, done.token_ids, asdict(loaded)]))
 
 
 def _prompt_logprobs(
-    model: Path, env: dict[str, str] | None = None, **flags: str
-) -> tuple[list[float], list[int], Footprint]:
-    """In a process of its own: a 1B float32 load peaks at ~13 GB, which this one would keep;
-    and what the load added to that process's memory."""
+    folder: Path, model: Path, env: dict[str, str] | None = None, **flags: str
+) -> Callable[[], tuple[list[float], list[int], Footprint]]:
+    """Started in a process of its own (a 1B float32 load peaks at ~13 GB, which this one would
+    keep), while the caller goes on; returns what waits for its prompt logprobs, greedy tokens
+    and what the load added to that process's memory. Its output goes to files in `folder`."""
     argv = [sys.executable, "-c", _LOGPROBS, str(model), json.dumps(flags)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    logprobs, tokens, loaded = json.loads(done.stdout.splitlines()[-1])
-    return logprobs, tokens, Footprint(**loaded)
+    name = "-".join(flags.values())
+    out, err = (open(folder / f"{name}.{kind}", "w+") for kind in ("out", "err"))  # noqa: SIM115
+    process = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+
+    def result() -> tuple[list[float], list[int], Footprint]:
+        with out, err:
+            code = process.wait()
+            err.seek(0)
+            assert code == 0, err.read()[-3000:]
+            out.seek(0)
+            logprobs, tokens, loaded = json.loads(out.read().splitlines()[-1])
+        return logprobs, tokens, Footprint(**loaded)
+
+    return result
 
 
 @pytest.mark.slow
@@ -281,18 +293,20 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     assert 0.9e9 < ONE_B.parameters < 1.2e9
     # The blocks' path (issue 25): int8 tiles would keep these random blocks anyway (their
     # scales along a feature span orders of magnitude; test_int8_tiles.py), after trying.
-    quantized, tokens, footprint = _prompt_logprobs(
-        model, quantization="gguf", kv_cache_dtype="float32", cpu_products="blocks"
-    )
-    print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
-    assert footprint.ratio <= 1.2, footprint
     # The float32 side on the torch reference (no weights packed), its 4 GB copy not cached (a
-    # cache under a file cannot be made): 35 s of a run that reads it only once.
+    # cache under a file cannot be made): 35 s of a run that reads it only once, mostly gguf's
+    # dequantizing on one core, so it runs beside the quantized side.
     (tmp_path / "file").touch()
     uncached = {**os.environ, "TURNSTILE_CACHE": str(tmp_path / "file" / "cache")}
-    exact, exact_tokens, _ = _prompt_logprobs(
-        model, uncached, quantization="none", dtype="float32", backend="torch"
+    exact_side = _prompt_logprobs(
+        tmp_path, model, uncached, quantization="none", dtype="float32", backend="torch"
     )
+    quantized, tokens, footprint = _prompt_logprobs(
+        tmp_path, model, quantization="gguf", kv_cache_dtype="float32", cpu_products="blocks"
+    )()
+    print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
+    assert footprint.ratio <= 1.2, footprint
+    exact, exact_tokens, _ = exact_side()
     error = (torch.tensor(quantized) - torch.tensor(exact)).abs()
     print(f"prompt logprobs: mean error {error.mean():.3f}, max {error.max():.3f}, mean "
           f"magnitude {torch.tensor(exact).abs().mean():.3f}")  # fmt: skip

@@ -85,7 +85,10 @@ PEOPLE = [
 ]  # fmt: skip
 
 
-def test_parse_gives_a_valid_instance_for_20_prompts_streamed_and_not(service: Server) -> None:
+def test_parse_gives_a_valid_instance_for_20_prompts_streamed_and_10_not(service: Server) -> None:
+    """The 20 streamed at temperature 0.8 (where an unbounded run of whitespace once ran to
+    max_tokens, docs/benchmarks.md); 10 of them also whole and greedy."""
+
     async def whole(aclient: openai.AsyncOpenAI, person: str) -> Chef | None:
         response = await aclient.chat.completions.parse(
             model=MODEL, messages=[{"role": "user", "content": f"Describe {person}."}],
@@ -102,7 +105,7 @@ def test_parse_gives_a_valid_instance_for_20_prompts_streamed_and_not(service: S
 
     async def both(aclient: openai.AsyncOpenAI) -> list[Chef | None]:
         return await asyncio.gather(
-            *(whole(aclient, p) for p in PEOPLE), *(streamed(aclient, p) for p in PEOPLE)
+            *(whole(aclient, p) for p in PEOPLE[::2]), *(streamed(aclient, p) for p in PEOPLE)
         )
 
     chefs = run(service, both)

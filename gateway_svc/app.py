@@ -108,7 +108,7 @@ class Gateway:
         app.router.add_post("/v1/responses", self.responses)
         embeddings = Embeddings(
             self.engine, self.tokenizer, self.max_model_len, self.check_model,
-            self.served_names[0], self._tokenizing,
+            self.served_names[0], self._tokenizing, self.log_requests,
         )  # fmt: skip
         app.router.add_post("/v1/embeddings", embeddings.create)
         app.router.add_get("/v1/responses/{response_id}", self.stored_response)
@@ -243,7 +243,7 @@ class Gateway:
         finally:
             generation.close()  # a no-op unless the client left early
             if self.log_requests:
-                log_ended(http, endpoint, status, arrival, generation)
+                log_ended(http, endpoint, status, arrival, generation.usage())
         metrics.REQUESTS.labels(endpoint, "200").inc()
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response

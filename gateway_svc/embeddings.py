@@ -21,7 +21,7 @@ from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.openai_api import parse_body, truncated
-from turnstile.gateway_svc.request_ids import answer_id
+from turnstile.gateway_svc.request_ids import answer_id, log_ended
 from turnstile.gateway_svc.request_types import Unused
 from turnstile.shared.protocol import AddRequest, Embedding, SamplingParams, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
@@ -63,6 +63,7 @@ class Embeddings:
         check_model: Callable[[str | None], None],
         served_name: str,
         tokenizing: Executor,
+        log_requests: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -70,19 +71,28 @@ class Embeddings:
         self.check_model = check_model
         self.served_name = served_name
         self.tokenizing = tokenizing  # the gateway's tokenizer threads
+        self.log_requests = log_requests  # a line each request as it ends
 
     async def create(self, http: web.Request) -> web.Response:
         arrival = time.perf_counter()
+        status = "aborted"  # unless it ends otherwise: the client went away
+        usage = {"prompt_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
         try:
-            response = await self._answer(http)
+            response = await self._answer(http, usage)
+            status = "200"
         except ApiError as exc:
-            metrics.REQUESTS.labels("embeddings", str(exc.status)).inc()
+            status = str(exc.status)
+            metrics.REQUESTS.labels("embeddings", status).inc()
             raise
+        finally:
+            if self.log_requests:
+                log_ended(http, "embeddings", status, arrival, usage | {"completion_tokens": 0})
         metrics.REQUESTS.labels("embeddings", "200").inc()
         metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
         return response
 
-    async def _answer(self, http: web.Request) -> web.Response:
+    async def _answer(self, http: web.Request, usage: dict[str, Any]) -> web.Response:
+        """The answer; `usage` counts the prompt tokens as they are known, for the log."""
         request = parse_body(await http.read(), EmbeddingRequest)
         self.check_model(request.model)
         info = self.tokenizer.info
@@ -102,11 +112,15 @@ class Embeddings:
                                param="input")  # fmt: skip
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
-        tokens = sum(map(len, prompts))
+        tokens = usage["prompt_tokens"] = sum(map(len, prompts))
         metrics.GATEWAY_PROMPT_TOKENS.inc(tokens)
         streams = [self.engine.submit(_embedding_request(ids)) for ids in prompts]
         try:
-            vectors = [await self._vector(stream) for stream in streams]
+            vectors = []
+            for stream in streams:
+                vector, cached = await self._vector(stream)
+                vectors.append(vector)
+                usage["prompt_tokens_details"]["cached_tokens"] += cached
         finally:
             for stream in streams:  # a no-op for those that ended; the rest, the client left
                 self.engine.abort(stream)
@@ -154,8 +168,8 @@ class Embeddings:
                 prompts.append(list(given))
         return prompts
 
-    async def _vector(self, stream: RequestStream) -> np.ndarray:
-        """The input's hidden state, once its request ends."""
+    async def _vector(self, stream: RequestStream) -> tuple[np.ndarray, int]:
+        """The input's hidden state, once its request ends, and its tokens found cached."""
         vector = None
         while not isinstance(event := await stream.events.get(), End):
             if isinstance(event, Embedding):
@@ -164,7 +178,7 @@ class Embeddings:
             raise refusal(event.reason, event.error)
         if vector is None or len(vector) != self.tokenizer.info.hidden_size:
             raise ApiError(500, "the executor answered no embedding", "server_error")
-        return vector
+        return vector, event.cached_tokens
 
     def _encoded(self, vector: np.ndarray, encoding: str) -> Any:
         """The vector normalized where the model normalizes, as floats or base64 float32."""

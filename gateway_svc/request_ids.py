@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Any
 
 from aiohttp import web
-
-from turnstile.gateway_svc.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +29,10 @@ async def request_id_header(http: web.Request, response: web.StreamResponse) -> 
 
 
 def log_ended(
-    http: web.Request, endpoint: str, status: str, arrival: float, generation: Generation
+    http: web.Request, endpoint: str, status: str, arrival: float, usage: dict[str, Any]
 ) -> None:
     """One line a request: its id, endpoint, status ("aborted": the client went away), tokens
-    and seconds; never its prompt or answer."""
-    usage = generation.usage()
+    (`usage`, as `Generation.usage` counts them) and seconds; never its prompt or answer."""
     log.info("request %s (%s) %s: %d prompt tokens (%d cached), %d generated, %.3f s",
              http.get(REQUEST_ID), endpoint, status, usage["prompt_tokens"],
              usage["prompt_tokens_details"]["cached_tokens"], usage["completion_tokens"],

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,19 @@ settings.register_profile(
 settings.load_profile("turnstile")
 
 MODEL = "SmolLM2-135M-Instruct"
+EVERY_CORE = os.sched_getaffinity(0)
+
+
+@pytest.fixture(autouse=True)
+def every_core() -> Iterator[None]:
+    """A test that builds a tensor-parallel rank's backend in this process has it pinned to the
+    rank's share of the cores (`cpu_runtime.pin_rank`, as a rank's own process is); the tests
+    after it, and the processes they start, get every core back."""
+    yield
+    if os.sched_getaffinity(0) != EVERY_CORE:
+        os.sched_setaffinity(0, EVERY_CORE)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(len(EVERY_CORE))
 
 
 def fixed_length_requests(

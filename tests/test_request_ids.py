@@ -125,3 +125,10 @@ def test_each_request_is_logged_as_it_ends_under_its_id(
     ) as raw:  # fmt: skip
         next(raw.iter_lines())  # the stream has begun; leaving closes it
     assert "generated" in logged(stack_log, r"request gone \(chat\) aborted: .*")
+    text = "Once upon a time there was a cat who sat by the door, and the door was old."
+    for _ in range(2):  # the second finds the first's full blocks cached
+        embedded = client.embeddings.create(
+            model=MODEL, input=text, extra_headers={"X-Request-Id": "e-1"}
+        )
+    line = logged(stack_log, r"request e-1 \(embeddings\) 200: .*\(16 cached\).*")
+    assert f"{embedded.usage.prompt_tokens} prompt tokens" in line and ", 0 generated" in line

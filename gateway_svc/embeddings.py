@@ -93,6 +93,7 @@ class Embeddings:
 
     async def _answer(self, http: web.Request, usage: dict[str, Any]) -> web.Response:
         """The answer; `usage` counts the prompt tokens as they are known, for the log."""
+        request_id = answer_id(http, None)  # the client's X-Request-Id, else a fresh one
         request = parse_body(await http.read(), EmbeddingRequest)
         self.check_model(request.model)
         info = self.tokenizer.info
@@ -130,7 +131,7 @@ class Embeddings:
             for i, vector in enumerate(vectors)
         ]  # fmt: skip
         return web.json_response({
-            "id": f"embd-{answer_id(http, None)}", "object": "list", "created": int(time.time()),
+            "id": f"embd-{request_id}", "object": "list", "created": int(time.time()),
             "model": self.served_name, "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         })  # fmt: skip

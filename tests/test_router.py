@@ -108,6 +108,11 @@ def test_answers_through_the_router_are_the_replicas_own(
     with pytest.raises(openai.BadRequestError) as refusal:  # the replica's 400, passed on
         routed.completions.create(**prompt, extra_body={"best_of": 2})
     assert refusal.value.body["param"] == "best_of"
+    texts = ["a red apple", "a green leaf"]
+    direct_vectors = client.embeddings.create(model=MODEL, input=texts).data
+    routed_vectors = routed.embeddings.create(model=MODEL, input=texts).data
+    for ours, theirs in zip(direct_vectors, routed_vectors, strict=True):
+        assert ours.embedding == pytest.approx(theirs.embedding, abs=1e-5)
 
 
 def test_prompts_spread_over_the_replicas_and_a_prefix_returns_to_its_own(

@@ -86,8 +86,6 @@ PEOPLE = [
 
 
 def test_parse_gives_a_valid_instance_for_20_prompts_streamed_and_10_not(service: Server) -> None:
-    """The 20 streamed at temperature 0.8 (where an unbounded run of whitespace once ran to
-    max_tokens, docs/benchmarks.md); 10 of them also whole and greedy."""
 
     async def whole(aclient: openai.AsyncOpenAI, person: str) -> Chef | None:
         response = await aclient.chat.completions.parse(

@@ -34,7 +34,7 @@ from turnstile.gateway_svc.reasoning import ThinkTokens, answer_thinks, reasonin
 from turnstile.gateway_svc.request_ids import (
     REQUEST_ID,
     answer_id,
-    log_ended,
+    answered,
     request_id_header,
 )
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
@@ -232,21 +232,12 @@ class Gateway:
         generation: Generation,
         answer: Awaitable[web.StreamResponse],
     ) -> web.StreamResponse:
-        status = "aborted"  # unless it ends otherwise: the client went away
         try:
-            response = await answer
-            status = "200"
-        except ApiError as exc:
-            status = str(exc.status)
-            metrics.REQUESTS.labels(endpoint, status).inc()
-            raise
+            return await answered(
+                http, endpoint, arrival, answer, generation.usage, self.log_requests
+            )
         finally:
             generation.close()  # a no-op unless the client left early
-            if self.log_requests:
-                log_ended(http, endpoint, status, arrival, generation.usage())
-        metrics.REQUESTS.labels(endpoint, "200").inc()
-        metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
-        return response
 
     async def _start(self, request: Request, arrival: float) -> Generation:
         """The request checked, tokenized and sent to the scheduler as its choices."""

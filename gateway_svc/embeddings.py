@@ -21,7 +21,7 @@ from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.openai_api import parse_body, truncated
-from turnstile.gateway_svc.request_ids import answer_id, log_ended
+from turnstile.gateway_svc.request_ids import answer_id, answered
 from turnstile.gateway_svc.request_types import Unused
 from turnstile.shared.protocol import AddRequest, Embedding, SamplingParams, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
@@ -73,23 +73,12 @@ class Embeddings:
         self.tokenizing = tokenizing  # the gateway's tokenizer threads
         self.log_requests = log_requests  # a line each request as it ends
 
-    async def create(self, http: web.Request) -> web.Response:
-        arrival = time.perf_counter()
-        status = "aborted"  # unless it ends otherwise: the client went away
+    async def create(self, http: web.Request) -> web.StreamResponse:
         usage = {"prompt_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
-        try:
-            response = await self._answer(http, usage)
-            status = "200"
-        except ApiError as exc:
-            status = str(exc.status)
-            metrics.REQUESTS.labels("embeddings", status).inc()
-            raise
-        finally:
-            if self.log_requests:
-                log_ended(http, "embeddings", status, arrival, usage | {"completion_tokens": 0})
-        metrics.REQUESTS.labels("embeddings", "200").inc()
-        metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
-        return response
+        return await answered(
+            http, "embeddings", time.perf_counter(), self._answer(http, usage),
+            lambda: usage | {"completion_tokens": 0}, self.log_requests,
+        )  # fmt: skip
 
     async def _answer(self, http: web.Request, usage: dict[str, Any]) -> web.Response:
         """The answer; `usage` counts the prompt tokens as they are known, for the log."""

@@ -1,15 +1,19 @@
 """The id a generation request is answered under (vLLM's order: the client's `X-Request-Id`
-header, the body's `request_id`, a fresh one), sent back as the `X-Request-Id` header, and the
-line `--enable-log-requests` logs as each request ends."""
+header, the body's `request_id`, a fresh one), sent back as the `X-Request-Id` header; and
+each answer's end: counted in the request metrics, and the line `--enable-log-requests` logs."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +41,29 @@ def log_ended(
              http.get(REQUEST_ID), endpoint, status, usage["prompt_tokens"],
              usage["prompt_tokens_details"]["cached_tokens"], usage["completion_tokens"],
              time.perf_counter() - arrival)  # fmt: skip
+
+
+async def answered(
+    http: web.Request,
+    endpoint: str,
+    arrival: float,
+    answer: Awaitable[web.StreamResponse],
+    usage: Callable[[], dict[str, Any]],
+    log_requests: bool,
+) -> web.StreamResponse:
+    """`answer`, counted by its status ("aborted": the client went away) and, with
+    `log_requests`, logged as it ends with its `usage()`."""
+    status = "aborted"  # unless it ends otherwise
+    try:
+        response = await answer
+        status = "200"
+    except ApiError as exc:
+        status = str(exc.status)
+        metrics.REQUESTS.labels(endpoint, status).inc()
+        raise
+    finally:
+        if log_requests:
+            log_ended(http, endpoint, status, arrival, usage())
+    metrics.REQUESTS.labels(endpoint, "200").inc()
+    metrics.E2E_LATENCY.observe(time.perf_counter() - arrival)
+    return response

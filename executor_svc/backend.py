@@ -17,6 +17,7 @@ import torch
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel, Weight
+from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
 from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
@@ -67,10 +68,15 @@ class DeviceStep:
     layers: AttentionBatch | None  # tokens through the model's layers
     layer_tokens: torch.Tensor | None  # which tokens; None: all of them
     fused: FusedRows | None
+    lora: LoraBatch | None = None  # the tokens that run LoRA adapters (through the layers)
 
     @property
     def all_decode(self) -> bool:
-        return self.fused is None and self.layers is not None and self.layers.prefill is None
+        """Decode rows alone, through the layers (as a CUDA graph captures them)."""
+        layers = self.layers
+        return (
+            self.fused is None and layers is not None and layers.prefill is None and not self.lora
+        )
 
 
 class Backend(ABC):
@@ -93,6 +99,7 @@ class Backend(ABC):
         self.staging = Staging(self.device)
         self.model: LlamaModel | None = None
         self.kv_caches: KVCaches = []
+        self.lora: LoraWeights | None = None
 
     @abstractmethod
     def default_dtype(self) -> str:
@@ -122,13 +129,15 @@ class Backend(ABC):
             raise TypeError(f"the {self.name} backend computes on dequantized weights")
         return DenseProjection(weight, bias)
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
-        """The model and cache every later step runs on."""
-        self.model, self.kv_caches = model, kv_caches
+    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
+        """The model, cache and LoRA adapters every later step runs on."""
+        self.model, self.kv_caches, self.lora = model, kv_caches, lora
         if self.device.type == "cpu":
             return_loading_memory()
 
     def route(self, layout: StepLayout) -> Route:
+        """Every step through the layers; a backend with fused layers sends there what they
+        run faster, never a LoRA adapter's tokens (`layout.inputs.lora_segments`)."""
         return Route.LAYERS
 
     def upload(
@@ -151,6 +160,9 @@ class Backend(ABC):
             "logits_indices": on["logits_indices"],
             "sampling": SamplingBatch(sampling, on),
         }
+        if inputs.lora_segments:
+            assert route is Route.LAYERS and self.lora is not None
+            common["lora"] = LoraBatch(self.lora, on["lora_tokens"], inputs.lora_segments)
         if route is Route.FUSED:
             plan = DecodePlan(on["fused_tables"], on["fused_lens"], size)
             fused = FusedRows(plan, on["slot_mapping"], None)
@@ -192,7 +204,9 @@ class Backend(ABC):
         if step.layers is not None:
             tokens = step.layer_tokens
             if tokens is None:
-                hidden = model.layers_forward(hidden, step.positions, step.layers, self.kv_caches)
+                hidden = model.layers_forward(
+                    hidden, step.positions, step.layers, self.kv_caches, step.lora
+                )
             else:
                 hidden[tokens] = model.layers_forward(
                     hidden[tokens], step.positions[tokens], step.layers, self.kv_caches

@@ -13,6 +13,7 @@ from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.cpu_runtime import zero_pages
 from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
@@ -21,6 +22,7 @@ from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep, StepInFlight
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
+from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import (
     BatchPlan,
@@ -76,7 +78,10 @@ class ModelRunner:
         self.kv_caches = [
             (self._zeros(shape), self._zeros(shape)) for _ in range(self.info.num_layers)
         ]
-        self.backend.bind(self.model, self.kv_caches)
+        adapters = lora_adapters(config.lora, self.info, engine.tensor_parallel_size)
+        self.num_loras = len(adapters)
+        lora = LoraWeights(adapters, self.info, self.model.activation_dtype, self.device)
+        self.backend.bind(self.model, self.kv_caches, lora if adapters else None)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
         self.grammars = Grammars(config.model_path, self.info)
         self._in_flight: list[StepInFlight] = []  # launched, oldest first, not yet settled

@@ -29,6 +29,10 @@ class StepInputs:
     block_tables: np.ndarray  # [len(rows), blocks of the longest row]
     logits_indices: np.ndarray  # token whose logits are sampled, one per sampling row
     sample_rows: np.ndarray  # slots that sample a token, in row order
+    # The tokens of rows that run a LoRA adapter, grouped by adapter: (slot, start, end) of
+    # `lora_tokens` each; none without such rows.
+    lora_tokens: np.ndarray | None = None
+    lora_segments: tuple[tuple[int, int, int], ...] = ()
 
 
 HOLE = -1  # a token sampled by a step still running: known on the device only
@@ -48,6 +52,7 @@ class PlanApplier:
         self.batch = BatchTable(capacity, max_model_len, block_size)
         self.sampling: list[SamplingParams | None] = [None] * capacity
         self.adjusts = np.zeros(capacity, dtype=bool)  # rows with logits adjustments
+        self.lora = np.zeros(capacity, dtype=np.int32)  # each row's adapter (0: none)
         self.wants_prompt_logprobs = False  # whether any request so far asked for them
         self.step = 0
         self._sample_rows = np.empty(0, dtype=np.int64)
@@ -68,6 +73,7 @@ class PlanApplier:
                 )
                 self.sampling[slot] = new.sampling
                 self.adjusts[slot] = adjusts_logits(new.sampling)
+                self.lora[slot] = new.lora
                 self.wants_prompt_logprobs |= new.sampling.prompt_logprobs is not None
             rows = batch.order
             scheduled = np.ones(len(rows), dtype=np.int64)
@@ -124,7 +130,7 @@ class PlanApplier:
         batch.num_computed[rows] = seq_lens
         sampling = batch.samples(rows)
         self._sample_rows = rows[sampling]
-        return StepInputs(
+        inputs = StepInputs(
             rows=rows,
             input_ids=batch.tokens[owner, positions],
             positions=positions,
@@ -135,3 +141,15 @@ class PlanApplier:
             logits_indices=query_start_loc[1:][sampling] - 1,
             sample_rows=self._sample_rows,
         )
+        if self.lora[rows].any():
+            inputs.lora_tokens, inputs.lora_segments = _by_adapter(self.lora[owner])
+        return inputs
+
+
+def _by_adapter(adapters: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
+    """The tokens that run an adapter, grouped by it, and each group's (adapter, start, end)."""
+    order = np.argsort(adapters, kind="stable")
+    order = order[adapters[order] > 0]
+    slots, starts = np.unique(adapters[order], return_index=True)
+    ends = [*starts[1:].tolist(), len(order)]
+    return order, tuple(zip(slots.tolist(), starts.tolist(), ends, strict=True))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig
+from turnstile.shared.lora import LoraConfig
 from turnstile.shared.settings import nested, setting
 
 
@@ -66,6 +67,7 @@ class ExecutorConfig:
 class RunnerConfig:
     engine: EngineConfig = nested(EngineConfig)
     executor: ExecutorConfig = nested(ExecutorConfig)
+    lora: LoraConfig = nested(LoraConfig)
 
     @property
     def model_path(self) -> Path:

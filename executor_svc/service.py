@@ -85,6 +85,7 @@ def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:
         block_size=engine.block_size,
         max_num_seqs=engine.max_num_seqs,
         max_model_len=runner.max_model_len,
+        num_loras=runner.num_loras,
     )
     _register(socket, codec, hello, runner)
     log.info("executor ready (%.1f s to load)", runner.load_seconds)

@@ -48,6 +48,8 @@ class StepLayout:
             "positions": inputs.positions,
             "logits_indices": inputs.logits_indices,
         }
+        if inputs.lora_tokens is not None:
+            out["lora_tokens"] = inputs.lora_tokens
         if route == "fused":
             if len(self.prefill_rows):  # each token a row, attending up to itself
                 rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)

@@ -42,6 +42,7 @@ from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.responses_output import ResponseObject
 from turnstile.gateway_svc.responses_store import ResponsesStore
+from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
@@ -72,7 +73,7 @@ class Gateway:
         self,
         engine: EngineClient,
         tokenizer: Tokenizer,
-        served_names: list[str],
+        models: ServedModels,
         max_model_len: int,
         block_size: int,
         api_key: str | None = None,
@@ -91,7 +92,7 @@ class Gateway:
         self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
         self.sampling_defaults = sampling_defaults or {}
         self.tokenizer = tokenizer
-        self.served_names = served_names
+        self.served = models  # the names a request may ask for, its LoRA adapters' among them
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.api_key = api_key
@@ -107,8 +108,8 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
         embeddings = Embeddings(
-            self.engine, self.tokenizer, self.max_model_len, self.check_model,
-            self.served_names[0], self._tokenizing, self.log_requests,
+            self.engine, self.tokenizer, self.max_model_len, self.served, self._tokenizing,
+            self.log_requests,
         )  # fmt: skip
         app.router.add_post("/v1/embeddings", embeddings.create)
         app.router.add_get("/v1/responses/{response_id}", self.stored_response)
@@ -118,7 +119,7 @@ class Gateway:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
         tokens = TokenEndpoints(
-            self.tokenizer, self.max_model_len, self.check_model, self.served_names[0]
+            self.tokenizer, self.max_model_len, self.served.lora, self.served.base
         )
         app.router.add_post("/tokenize", tokens.tokenize)
         app.router.add_post("/detokenize", tokens.detokenize)
@@ -143,15 +144,10 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def models(self, _: web.Request) -> web.Response:
-        models = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "turnstile",
-             "root": self.served_names[0], "max_model_len": self.max_model_len}
-            for name in self.served_names
-        ]  # fmt: skip
-        return web.json_response({"object": "list", "data": models})
+        return web.json_response({"object": "list", "data": self.served.cards()})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        return web.json_response(openapi_document(self.served_names, self.max_model_len))
+        return web.json_response(openapi_document(self.served.all_names(), self.max_model_len))
 
     async def metrics(self, _: web.Request) -> web.Response:
         """Every service's series under `turnstile serve` (one scrape target per replica, as
@@ -166,19 +162,11 @@ class Gateway:
     async def chat_completions(self, http: web.Request) -> web.StreamResponse:
         return await self._generate(http, parse(await http.read(), ChatCompletionRequest))
 
-    def check_model(self, model: str | None) -> None:
-        """Any served name is accepted (the first is the one reported), as is no name."""
-        if model not in (None, "", *self.served_names):
-            raise ApiError(
-                404, f"the model {model!r} does not exist", "not_found_error", "model_not_found",
-                param="model",
-            )  # fmt: skip
-
     async def responses(self, http: web.Request) -> web.StreamResponse:
         """OpenAI's Responses API, run as a chat (`responses_api.py`, `responses_output.py`)."""
         arrival = time.perf_counter()
         asked = parse_body(await http.read(), ResponsesRequest)
-        shape = ResponseObject(asked, self.served_names[0])
+        shape = ResponseObject(asked, self.served.reported(asked.model))
         http[REQUEST_ID] = shape.id
         turn = asked.turn(self.stored.history(asked))
         chat = asked.as_chat(turn)
@@ -208,7 +196,7 @@ class Gateway:
         request_id = answer_id(http, request.request_id)
         generation = await self._start(request, arrival)
         chat = isinstance(request, ChatCompletionRequest)
-        shape = ResponseShape(chat, self.served_names[0], self.tokenizer, request_id)
+        shape = ResponseShape(chat, self.served.reported(request.model), self.tokenizer, request_id)
         as_ids = request.return_tokens_as_token_ids
         shape.tokens_as_ids = self.tokens_as_ids if as_ids is None else as_ids
         if request.return_token_ids:
@@ -241,7 +229,7 @@ class Gateway:
 
     async def _start(self, request: Request, arrival: float) -> Generation:
         """The request checked, tokenized and sent to the scheduler as its choices."""
-        self.check_model(request.model)
+        lora = self.served.lora(request.model)
         chat = isinstance(request, ChatCompletionRequest)
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
         tools = tool_mode(request, self.tool_parser) if chat else None
@@ -256,7 +244,7 @@ class Gateway:
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
         limits = (self.max_model_len, self.tokenizer, self.sampling_defaults, kv_tokens)
         end = -1 if think is None else think.end
-        messages = [engine_request(request, ids, *limits, grammar, end) for ids in prompts]
+        messages = [engine_request(request, ids, *limits, grammar, end, lora) for ids in prompts]
         n = request.n or 1
         for ids, message in zip(prompts, messages, strict=True):
             check_capacity(self.engine.status, self.block_size, len(ids), message.max_tokens, n)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from turnstile.shared.config import AddressConfig, EngineConfig
+from turnstile.shared.lora import LoraConfig
 from turnstile.shared.settings import nested, setting
 
 
@@ -73,3 +74,4 @@ class GatewayServiceConfig:
     engine: EngineConfig = nested(EngineConfig)
     addresses: AddressConfig = nested(AddressConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
+    lora: LoraConfig = nested(LoraConfig)

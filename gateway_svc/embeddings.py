@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Annotated, Any, Literal
 
@@ -23,6 +22,7 @@ from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.openai_api import parse_body, truncated
 from turnstile.gateway_svc.request_ids import answer_id, answered
 from turnstile.gateway_svc.request_types import Unused
+from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.shared.protocol import AddRequest, Embedding, SamplingParams, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -60,16 +60,14 @@ class Embeddings:
         engine: EngineClient,
         tokenizer: Tokenizer,
         max_model_len: int,
-        check_model: Callable[[str | None], None],
-        served_name: str,
+        models: ServedModels,
         tokenizing: Executor,
         log_requests: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.check_model = check_model
-        self.served_name = served_name
+        self.models = models
         self.tokenizing = tokenizing  # the gateway's tokenizer threads
         self.log_requests = log_requests  # a line each request as it ends
 
@@ -84,7 +82,7 @@ class Embeddings:
         """The answer; `usage` counts the prompt tokens as they are known, for the log."""
         request_id = answer_id(http, None)  # the client's X-Request-Id, else a fresh one
         request = parse_body(await http.read(), EmbeddingRequest)
-        self.check_model(request.model)
+        lora = self.models.lora(request.model)
         info = self.tokenizer.info
         if info.pooling != "last":
             raise ApiError(400, f"this model's embeddings are pooled by {info.pooling!r}; "
@@ -104,7 +102,7 @@ class Embeddings:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         tokens = usage["prompt_tokens"] = sum(map(len, prompts))
         metrics.GATEWAY_PROMPT_TOKENS.inc(tokens)
-        streams = [self.engine.submit(_embedding_request(ids)) for ids in prompts]
+        streams = [self.engine.submit(_embedding_request(ids, lora)) for ids in prompts]
         try:
             vectors = []
             for stream in streams:
@@ -121,7 +119,7 @@ class Embeddings:
         ]  # fmt: skip
         return web.json_response({
             "id": f"embd-{request_id}", "object": "list", "created": int(time.time()),
-            "model": self.served_name, "data": data,
+            "model": self.models.reported(request.model), "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         })  # fmt: skip
 
@@ -131,13 +129,13 @@ class Embeddings:
         if dimensions is None:
             return info.hidden_size
         if not info.is_matryoshka:
-            raise ApiError(400, f"the model {self.served_name!r} does not support Matryoshka "
+            raise ApiError(400, f"the model {self.models.base!r} does not support Matryoshka "
                            "representation: its embeddings cannot be cut to other dimensions",
                            param="dimensions")  # fmt: skip
         listed = info.matryoshka_dimensions
         if (listed and dimensions not in listed) or dimensions > info.hidden_size:
             allowed = list(listed) if listed else f"1 to {info.hidden_size}"
-            raise ApiError(400, f"the model {self.served_name!r} supports dimensions {allowed}",
+            raise ApiError(400, f"the model {self.models.base!r} supports dimensions {allowed}",
                            param="dimensions")  # fmt: skip
         return dimensions
 
@@ -179,7 +177,8 @@ class Embeddings:
         return vector.tolist()
 
 
-def _embedding_request(ids: list[int]) -> AddRequest:
-    """One input for the scheduler: its prompt computed, one token sampled and dropped."""
+def _embedding_request(ids: list[int], lora: int) -> AddRequest:
+    """One input for the scheduler: its prompt computed (with the adapter `lora`), one token
+    sampled and dropped."""
     return AddRequest(req_id=0, prompt_ids=pack_ids(ids), max_tokens=1, sampling=EMBED,
-                      ignore_eos=True)  # fmt: skip
+                      ignore_eos=True, lora=lora)  # fmt: skip

@@ -155,12 +155,14 @@ def engine_request(
     kv_tokens: int | None = None,
     grammar: Grammar | None = None,
     think_end: int = -1,
+    lora: int = 0,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
     fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
     without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`).
     `grammar`: the output's constraint; `think_end`: a reasoning model's </think>, where the
-    answer starts inside its thinking (with the chat's thinking_token_budget)."""
+    answer starts inside its thinking (with the chat's thinking_token_budget); `lora`: the
+    adapter it runs (0: none)."""
     chat = isinstance(request, ChatCompletionRequest)
     budget = request.thinking_token_budget if isinstance(request, ChatCompletionRequest) else None
     asked = request.max_tokens
@@ -199,6 +201,7 @@ def engine_request(
         ignore_eos=request.ignore_eos,
         priority=request.priority,
         cache_salt=request.cache_salt or "",
+        lora=lora,
     )
 
 

@@ -16,6 +16,8 @@ from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.gateway_svc.served_models import ServedModels
+from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.model_info import read_model_info, served_name
 from turnstile.shared.tokenizer import Tokenizer, read_template
 from turnstile.shared.zmq_io import scheduler_addresses
@@ -50,11 +52,14 @@ async def _serve(config: GatewayServiceConfig) -> None:
     engine.start()
     tokenizer = Tokenizer(model, info)
     parser = settings.reasoning_parser
+    max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
+    names = settings.served_model_name or [served_name(model)]
+    adapters = lora_adapters(config.lora, info, config.engine.tensor_parallel_size)
     gateway = Gateway(
         engine,
         tokenizer,
-        settings.served_model_name or [served_name(model)],
-        min(config.engine.max_model_len or info.max_model_len, info.max_model_len),
+        ServedModels(names, adapters, max_model_len),
+        max_model_len,
         config.engine.block_size,
         settings.api_key,
         sampling_defaults,

@@ -32,11 +32,13 @@ def _token_weights(block_size: int) -> np.ndarray:
     return np.random.default_rng(block_size).integers(1, 1 << 63, block_size, np.uint64) | 1
 
 
-def salt_root(salt: str) -> int:
-    """The chain's seed for a cache salt (0: none); odd, so never an unsalted chain's 0."""
-    if not salt:
+def salt_root(salt: str, lora: int = 0) -> int:
+    """The chain's seed for a cache salt and a LoRA adapter (0 for neither); odd, so never an
+    unsalted chain's 0."""
+    if not salt and not lora:
         return 0
-    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest()) | 1
+    key = salt.encode() if not lora else f"{salt}\0lora {lora}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest()) | 1
 
 
 def root_stamp(root: int) -> int:

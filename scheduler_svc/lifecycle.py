@@ -78,7 +78,9 @@ class RequestLifecycle:
         cfg = self.config
         if msg.req_id in self.requests:
             raise ValueError(f"request id {msg.req_id} is already in use")
-        req = Request.from_message(msg, self._arrivals, cfg.max_model_len, self.vocab_size)
+        req = Request.from_message(
+            msg, self._arrivals, cfg.max_model_len, self.vocab_size, cfg.num_loras
+        )
         if req.priority and not self.by_priority:
             raise ValueError("priority needs the priority policy (serve with --policy priority)")
         if not 0 < req.num_prompt_tokens < cfg.max_model_len:

@@ -41,15 +41,20 @@ class Request:
     arrived_at: float = 0.0  # the caller's clock; only queue deadlines read it
     crashes: int = 0  # failed steps it ran in (a suspect if > 0; ended at 2)
     cached_tokens: int | None = None  # prefix-cache hits at its first admission
-    cache_root: int = 0  # its cache salt's chain seed (`block_pool.salt_root`); 0: none
+    # Its cache salt's and adapter's chain seed (`block_pool.salt_root`): KV blocks are shared
+    # only within one salt and one adapter, whose KV differs. 0: neither.
+    cache_root: int = 0
+    lora: int = 0  # its LoRA adapter; 0: none
 
     @classmethod
     def from_message(
-        cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int
+        cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int, num_loras: int = 0
     ) -> Request:
         """Raises ValueError, naming the field, for anything the executor could not run."""
         prompt = unpack_ids(msg.prompt_ids).copy()
         _check(msg, prompt, vocab_size)
+        if not 0 <= msg.lora <= num_loras:
+            raise ValueError(f"lora {msg.lora}: the executors hold {num_loras} LoRA adapters")
         return cls(
             req_id=msg.req_id,
             token_ids=prompt,
@@ -60,7 +65,8 @@ class Request:
             priority=msg.priority,
             arrival=arrival,
             sampling=msg.sampling,
-            cache_root=salt_root(msg.cache_salt),
+            cache_root=salt_root(msg.cache_salt, msg.lora),
+            lora=msg.lora,
         )
 
     def rank(self, by_priority: bool) -> int:

@@ -230,6 +230,7 @@ class Scheduler:
                     num_scheduled=count,
                     block_ids=pack_ids(blocks),
                     sampling=req.sampling,
+                    lora=req.lora,
                 )
             )
             budget -= count

@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -116,6 +116,7 @@ class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     num_scheduled: int
     block_ids: bytes
     sampling: SamplingParams = SamplingParams()
+    lora: int = 0  # the LoRA adapter it runs (`shared/lora.py`); 0: the base model
 
 
 class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=1):
@@ -169,6 +170,7 @@ class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     ignore_eos: bool = False
     priority: int = 0
     cache_salt: str = ""  # vLLM's: only requests of the same salt share cached KV blocks
+    lora: int = 0  # the LoRA adapter it runs, as `--lora-modules` lists them from 1; 0: none
 
 
 class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
@@ -212,6 +214,7 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
     block_size: int
     max_num_seqs: int
     max_model_len: int
+    num_loras: int = 0  # the LoRA adapters it holds, as slots 1..num_loras
 
 
 class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):

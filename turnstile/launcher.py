@@ -33,6 +33,8 @@ from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
+from turnstile.shared.lora import LoraConfig
+from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
@@ -60,6 +62,7 @@ class ServeConfig:
     admission: AdmissionConfig = nested(AdmissionConfig)
     executor: ExecutorConfig = nested(ExecutorConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
+    lora: LoraConfig = nested(LoraConfig)
     metrics: MetricsConfig = nested(MetricsConfig)
     launch: LaunchConfig = nested(LaunchConfig)
 
@@ -103,7 +106,7 @@ def stack(config: ServeConfig, run_dir: Path) -> list[Service]:
     executors = []
     for rank in range(ranks):
         executor = dataclasses.replace(config.executor, rank=rank, distributed_init_method=meet)
-        runner = RunnerConfig(config.engine, executor)
+        runner = RunnerConfig(config.engine, executor, config.lora)
         port = executor_metrics.metrics_port
         own = executor_metrics if port is None else dataclasses.replace(
             executor_metrics, metrics_port=port + rank)  # fmt: skip
@@ -113,7 +116,9 @@ def stack(config: ServeConfig, run_dir: Path) -> list[Service]:
     return [
         Service("scheduler", scheduler),
         *executors,
-        Service("gateway", GatewayServiceConfig(config.engine, addresses, config.gateway)),
+        Service(
+            "gateway", GatewayServiceConfig(config.engine, addresses, config.gateway, config.lora)
+        ),
     ]
 
 
@@ -155,6 +160,7 @@ def serve(config: ServeConfig) -> None:
                 f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({seqs}): "
                 "each decode computes a token a step"
             )
+        lora_adapters(config.lora, info, config.engine.tensor_parallel_size)  # each one checked
         if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
             ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:

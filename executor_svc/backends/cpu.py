@@ -24,6 +24,7 @@ from turnstile.executor_svc.backends.packed_projection import (
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel, Weight
+from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
@@ -131,8 +132,8 @@ class CpuNativeBackend(Backend):
             return QuantizedProjection([weight], bias)
         return PackedProjection(weight, bias)
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
-        super().bind(model, kv_caches)
+    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
+        super().bind(model, kv_caches, lora)
         if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
             self._native = NativeDecode(
                 model.info, model.layers, model.rotations[0], self.attention_tiles
@@ -153,7 +154,7 @@ class CpuNativeBackend(Backend):
         different codes, so one route keeps a token's result the same bits in any step (a
         request recomputed after a preemption or an executor's restart, or run alone or
         batched, generates the same tokens)."""
-        if self._native is None:
+        if self._native is None or layout.inputs.lora_segments:
             return Route.LAYERS
         if self._quantized or not len(layout.prefill_rows) or layout.short_prefill():
             return Route.FUSED

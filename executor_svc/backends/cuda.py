@@ -16,6 +16,7 @@ from turnstile.executor_svc.backend import Backend, DeviceStep, KVCaches
 from turnstile.executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
 from turnstile.executor_svc.model.attention import PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel
+from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.kernels import triton_ops
 from turnstile.shared.model_info import ModelInfo
@@ -42,8 +43,8 @@ class CudaBackend(Backend):
     def default_dtype(self) -> str:
         return "bfloat16"
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches) -> None:
-        super().bind(model, kv_caches)
+    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
+        super().bind(model, kv_caches, lora)
         eager = self.config.executor.enforce_eager or model.tp.size > 1  # not captured yet
         if self.device.type == "cuda" and not eager:
             engine = self.config.engine

@@ -12,6 +12,7 @@ projections); the backend brings the projections and attention kernels, and runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -22,8 +23,9 @@ import torch.nn.functional as F
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.experts import load_experts
 from turnstile.executor_svc.model.layer_weights import LayerWeights
+from turnstile.executor_svc.model.lora import LoraBatch
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
-from turnstile.executor_svc.model.rope import rope_rotations
+from turnstile.executor_svc.model.rope import interleave_rotary_halves, rope_rotations, rotary_order
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.kernels.quantized_weights import (
     PackedWeight,
@@ -35,19 +37,10 @@ from turnstile.kernels.quantized_weights import (
 from turnstile.shared.model_info import ModelInfo
 
 ALL = slice(None)
+Adapted = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (projection(x), x) -> adapted
 
 
 Weight = torch.Tensor | QuantizedWeight | StackedWeight | PackedWeight
-
-
-def interleave_rotary_halves(weight: Weight, heads: int, head_dim: int) -> Weight:
-    """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...).
-
-    RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
-    complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
-    and so attention, unchanged; V is not touched."""
-    rows = torch.arange(heads * head_dim).view(heads, head_dim)[:, _rotary_order(head_dim)]
-    return weight[rows.flatten()]
 
 
 def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
@@ -59,10 +52,6 @@ def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
         return stacked
     dense = [p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts]
     return torch.cat([p.to(dtype) for p in dense])  # type: ignore[union-attr]
-
-
-def _rotary_order(head_dim: int) -> torch.Tensor:
-    return torch.arange(head_dim).view(2, -1).t().reshape(-1)
 
 
 class LlamaModel:
@@ -129,7 +118,7 @@ class LlamaModel:
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:
                 return None
-            order = _rotary_order(head_dim)
+            order = rotary_order(head_dim)
             q, k = (weights[f"{attn}{p}_norm.weight"][order] for p in "qk")
             rows = (q.expand(self.num_heads, -1), k.expand(self.num_kv_heads, -1))
             weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset
@@ -223,15 +212,17 @@ class LlamaModel:
         positions: torch.Tensor,
         batch: AttentionBatch,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """Every layer over `hidden` (embedded tokens), attended by `batch`; before the final
-        norm."""
+        """Every layer over `hidden` (embedded tokens), attended by `batch`, with the
+        adapters of `lora`'s tokens; before the final norm."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.info.head_dim
         rotations = [table[positions].unsqueeze(1) for table in self.rotations]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            adapt = partial(self._adapted, lora=lora, layer=i)
             x = self._rms_norm(hidden, layer.input_norm)
             qk, v = (
-                layer.qkv(x)
+                adapt(layer.qkv(x), x, "qkv")
                 .view(-1, heads + 2 * kv_heads, head_dim)
                 .split((heads + kv_heads, kv_heads), dim=1)
             )
@@ -241,30 +232,40 @@ class LlamaModel:
             q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap)
             attn = attn.reshape(-1, heads * head_dim)
-            hidden = self._add_projected(hidden, layer.o_proj, attn, layer.attn_out_norm)
+            hidden = self._add_projected(
+                hidden, layer.o_proj, attn, layer.attn_out_norm, partial(adapt, name="o_proj")
+            )
             x = self._rms_norm(hidden, layer.post_norm)
             if layer.experts is not None:
                 hidden = hidden + self.tp.all_reduce(layer.experts(x))
                 continue
             assert layer.gate_up is not None and layer.down is not None
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            gate, up = adapt(layer.gate_up(x), x, "gate_up").chunk(2, dim=-1)
+            down = partial(adapt, name="down")
             hidden = self._add_projected(hidden, layer.down, self._act(gate) * up,
-                                         layer.mlp_out_norm)  # fmt: skip
+                                         layer.mlp_out_norm, down)  # fmt: skip
         return hidden
 
     def _add_projected(
         self, hidden: torch.Tensor, projection: Projection, x: torch.Tensor,
-        out_norm: torch.Tensor | None,
+        out_norm: torch.Tensor | None, adapted: Adapted,
     ) -> torch.Tensor:  # fmt: skip
-        """hidden + projection(x), the projection normed first where the family norms it (Gemma)
-        and scaled where it scales it (Granite).
+        """hidden + projection(x) (`adapted`: with its adapters' share), the projection normed
+        first where the family norms it (Gemma) and scaled where it scales it (Granite).
         Row-parallel: each rank's partial sum, the residual added once, then summed."""
         multiplier = self.info.residual_multiplier
         if out_norm is None and multiplier == 1:
-            return self.tp.all_reduce(projection(x, hidden if self.tp.first else None))
-        out = self.tp.all_reduce(projection(x))
+            return self.tp.all_reduce(adapted(projection(x, hidden if self.tp.first else None), x))
+        out = self.tp.all_reduce(adapted(projection(x), x))
         out = out if out_norm is None else self._rms_norm(out, out_norm)
         return hidden + (out if multiplier == 1 else out * multiplier)
+
+    @staticmethod
+    def _adapted(
+        out: torch.Tensor, x: torch.Tensor, name: str, lora: LoraBatch | None, layer: int
+    ) -> torch.Tensor:
+        """A projection's output, with its adapters' share on their tokens' rows."""
+        return out if lora is None else lora.add(out, x, layer, name)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.gather_vocab(self.lm_head(hidden).float(), self.info.vocab_size)

@@ -10,10 +10,14 @@ sequence's newest token there (`_dynamic_ntk_angles`).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 from turnstile.shared.model_info import ModelInfo
 from turnstile.shared.model_support import FREQUENCY_FACTORS, rope_type
+
+T = TypeVar("T")
 
 
 def rope_rotations(info: ModelInfo) -> torch.Tensor:
@@ -76,3 +80,17 @@ def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Ten
     )  # fmt: skip
     inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len)
     return inv_freq, float(factor)
+
+
+def interleave_rotary_halves(weight: T, heads: int, head_dim: int) -> T:
+    """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...).
+
+    RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
+    complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
+    and so attention, unchanged; V is not touched. `weight`: anything indexed by rows."""
+    rows = torch.arange(heads * head_dim).view(heads, head_dim)[:, rotary_order(head_dim)]
+    return weight[rows.flatten()]  # type: ignore[index]
+
+
+def rotary_order(head_dim: int) -> torch.Tensor:
+    return torch.arange(head_dim).view(2, -1).t().reshape(-1)

@@ -1,0 +1,97 @@
+"""LoRA adapters' weights, laid out for the model's fused projections, and a step's share of
+them (`LoraBatch`): each adapter's tokens get `x @ A.T @ B.T` added to a projection's output,
+one pair of small matmuls an adapter a projection.
+
+PEFT keeps one A [rank, in] and one B [out, rank] a module. The model fuses q, k and v (and gate
+and up) into one projection, so their As are stacked and their Bs set block-diagonal: one pair
+gives the fused output's rows, q's and k's in the model's rotary order
+(`interleave_rotary_halves`). The scaling is folded into B."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load_file
+
+from turnstile.executor_svc.model.rope import interleave_rotary_halves
+from turnstile.shared.lora import WEIGHTS_FILE, Adapter
+from turnstile.shared.model_info import ModelInfo
+
+# The model's projections, and the PEFT modules each fuses, in its rows' order.
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
+         "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}  # fmt: skip
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # A [rank, in], B [out, rank]
+
+
+class LoraWeights:
+    def __init__(
+        self, adapters: list[Adapter], info: ModelInfo, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Every adapter's pairs, by layer, then projection, then slot."""
+        self.layers: list[dict[str, dict[int, Pair]]] = [
+            {name: {} for name in FUSED} for _ in range(info.num_layers)
+        ]
+        for adapter in adapters:
+            tensors = load_file(adapter.path / WEIGHTS_FILE)
+            parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+            for key, (layer, module, side) in adapter.tensors.items():
+                parts.setdefault((layer, module), {})[side] = tensors[key].float()
+            for layer, projections in enumerate(self.layers):
+                for name, modules in FUSED.items():
+                    pair = _fused(info, modules, [parts.get((layer, m)) for m in modules],
+                                  adapter.scaling)  # fmt: skip
+                    if pair is not None:
+                        a, b = (t.to(device=device, dtype=dtype).contiguous() for t in pair)
+                        projections[name][adapter.slot] = (a, b)
+
+
+def _fused(
+    info: ModelInfo, modules: tuple[str, ...], found: list[dict[str, torch.Tensor] | None],
+    scaling: float,
+) -> Pair | None:  # fmt: skip
+    """One (A, B) for a fused projection's parts; None if the adapter adapts none of them."""
+    if all(part is None for part in found):
+        return None
+    outs = {"q_proj": info.num_heads * info.head_dim, "k_proj": info.num_kv_heads * info.head_dim,
+            "v_proj": info.num_kv_heads * info.head_dim}  # fmt: skip
+    heads = {"q_proj": info.num_heads, "k_proj": info.num_kv_heads}
+    a_rows, b_blocks = [], []
+    for module, part in zip(modules, found, strict=True):
+        if part is None or "A" not in part or "B" not in part:
+            width = outs.get(module) or _out_of_sibling(found)
+            b_blocks.append(torch.zeros(width, 0))
+            continue
+        b = part["B"] * scaling
+        if module in heads:
+            b = interleave_rotary_halves(b, heads[module], info.head_dim)  # type: ignore[assignment]
+        a_rows.append(part["A"])
+        b_blocks.append(b)
+    return torch.cat(a_rows), torch.block_diag(*b_blocks)
+
+
+def _out_of_sibling(found: list[dict[str, torch.Tensor] | None]) -> int:
+    """gate's and up's outputs are alike: an absent one's width is its sibling's."""
+    return next(part["B"].shape[0] for part in found if part is not None and "B" in part)
+
+
+@dataclass(slots=True, frozen=True)
+class LoraBatch:
+    """A step's tokens that run an adapter, grouped by adapter: `tokens[start:end]` run slot's."""
+
+    weights: LoraWeights
+    tokens: torch.Tensor
+    segments: tuple[tuple[int, int, int], ...]  # (slot, start, end)
+
+    def add(self, out: torch.Tensor, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
+        """`out` (the projection of `x`) with each adapter's share added to its tokens' rows."""
+        pairs = self.weights.layers[layer][name]
+        for slot, start, end in self.segments:
+            pair = pairs.get(slot)
+            if pair is not None:
+                a, b = pair
+                rows = self.tokens[start:end]
+                delta = (x[rows].to(a.dtype) @ a.T) @ b.T
+                out = out.index_add(0, rows, delta.to(out.dtype))
+        return out

@@ -1,0 +1,49 @@
+"""The names a request may give as `model`: the base model's (`--served-model-name`, the first
+reported) and each LoRA adapter's (`--lora-modules`), which runs the base model with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnstile.gateway_svc.errors import ApiError
+from turnstile.shared.lora import Adapter
+
+
+class ServedModels:
+    def __init__(self, names: list[str], adapters: list[Adapter], max_model_len: int) -> None:
+        self.names = names
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+        self.max_model_len = max_model_len
+
+    @property
+    def base(self) -> str:
+        return self.names[0]
+
+    def lora(self, model: str | None) -> int:
+        """The adapter `model` names (its slot), 0 for the base model or no name; else a 404."""
+        if model in (None, "", *self.names):
+            return 0
+        adapter = self.adapters.get(model)  # type: ignore[arg-type]
+        if adapter is None:
+            raise ApiError(
+                404, f"the model {model!r} does not exist", "not_found_error", "model_not_found",
+                param="model",
+            )  # fmt: skip
+        return adapter.slot
+
+    def reported(self, model: str | None) -> str:
+        """The name an answer gives: the adapter's where one was asked for (as vLLM)."""
+        return model if model in self.adapters else self.base  # type: ignore[return-value]
+
+    def cards(self) -> list[dict[str, Any]]:
+        """`/v1/models`: each name, then each adapter with its base model as `parent`."""
+        card = {"object": "model", "created": 0, "owned_by": "turnstile",
+                "max_model_len": self.max_model_len}  # fmt: skip
+        names = [card | {"id": name, "root": self.base, "parent": None} for name in self.names]
+        return names + [
+            card | {"id": name, "root": str(adapter.path), "parent": self.base}
+            for name, adapter in self.adapters.items()
+        ]
+
+    def all_names(self) -> list[str]:
+        return [*self.names, *self.adapters]

@@ -2,13 +2,15 @@
 parameters) and a word-level tokenizer, for tensor-parallel figures:
     .venv/bin/python -m turnstile.bench.random_llama DIR
 a tiny one with <think> and </think> tokens for reasoning parsers (`thinker`), and a tiny Qwen3
-laid out as Qwen3-Embedding is (`embedder`)."""
+laid out as Qwen3-Embedding is (`embedder`); a random LoRA adapter for any model (`lora`)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+from turnstile.shared.model_info import ModelInfo
 
 FOR_TWO_RANKS = dict(
     vocab_size=49152, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -104,6 +106,31 @@ def embedder(folder: Path) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
     }))  # fmt: skip
+    return folder
+
+
+def lora(folder: Path, info: ModelInfo, rank: int = 8) -> Path:
+    """A random PEFT LoRA folder for a model of `info`'s shape, adapting every layer's q, v and
+    down projections: no transformers needed, so it fits any model the engine reads (a GGUF
+    file's too)."""
+    import torch
+    from safetensors.torch import save_file
+
+    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    shapes = {"self_attn.q_proj": (info.hidden_size, q), "self_attn.v_proj": (info.hidden_size, kv),
+              "mlp.down_proj": (info.intermediate_size, info.hidden_size)}  # fmt: skip
+    torch.manual_seed(0)
+    tensors = {}
+    for layer in range(info.num_layers):
+        for module, (fan_in, fan_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in) / fan_in**0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank) * 0.05
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+              "target_modules": [m.split(".")[1] for m in shapes]}  # fmt: skip
+    (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from plan_ahead import answers, scheduler_for
 
+from turnstile.bench import random_llama
 from turnstile.executor_svc import step_in_flight
 from turnstile.executor_svc.backend import DeviceStep
 from turnstile.executor_svc.model_runner import ModelRunner
@@ -23,6 +24,7 @@ from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, StepInFlight
+from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.protocol import AddRequest, BatchPlan, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
 
@@ -66,17 +68,32 @@ def _meta_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(step_in_flight, "HostCopy", _MetaCopy)
 
 
+@pytest.fixture(scope="module")
+def lora_runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
+    """As `runner`, holding a LoRA adapter."""
+    adapter = random_llama.lora(tmp_path_factory.mktemp("adapter"),
+                                read_model_info(embedded_model_path()))  # fmt: skip
+    config = build(
+        RunnerConfig, dtype="bfloat16", device="meta", backend="cuda", num_blocks=64,
+        max_num_seqs=8, enable_lora=True, lora_modules=[f"a={adapter}"],
+    )  # fmt: skip
+    return ModelRunner(config)
+
+
 def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
     """Run the real scheduler's plans on meta until every request is done, each launched
     behind the one before (its inputs take that step's tokens on the device); the kinds of
-    rows (prefill, decode) in each step. Checks that some tokens were taken so."""
+    rows (prefill, decode) in each step. Checks that some tokens were taken so. With a runner
+    that holds an adapter, every other request runs it."""
     prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 8], list(range(300, 317)), [9] * 20]
     requests = [
         AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
-                   sampling=params)
+                   sampling=params, lora=i % 2 if runner.num_loras else 0)
         for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True))
     ]  # fmt: skip
-    scheduler = scheduler_for(runner, requests, max_num_seqs=8, max_num_batched_tokens=24)
+    scheduler = scheduler_for(
+        runner, requests, max_num_seqs=8, max_num_batched_tokens=24, num_loras=runner.num_loras
+    )
     kinds, carried = [], []
     upload = runner.upload
 
@@ -114,15 +131,24 @@ def test_a_whole_cuda_step_stays_on_the_device(
     assert {"prefill"} in kinds and {"decode"} in kinds and {"prefill", "decode"} in kinds
 
 
+def test_a_step_with_lora_adapters_stays_on_the_device(
+    lora_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds = _steps(lora_runner, monkeypatch)
+    assert {"prefill", "decode"} in kinds and {"decode"} in kinds
+
+
 @pytest.mark.parametrize(
     "name",
-    ["slot_mapping", "decode_lens", "prefill_start", "temperature", "grammar_mask"],
+    ["slot_mapping", "decode_lens", "prefill_start", "temperature", "grammar_mask", "lora_tokens"],
 )
 def test_a_host_tensor_slipped_into_the_step_is_caught(
-    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, name: str
+    runner: ModelRunner, lora_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The mutation the proof must catch: one input left on the host (a KV write's slots,
-    decode or prefill attention's lengths, the sampler's temperatures, a grammar's mask)."""
+    decode or prefill attention's lengths, the sampler's temperatures, a grammar's mask, the
+    tokens that run an adapter)."""
+    runner = lora_runner if name == "lora_tokens" else runner
     upload = Staging.upload
 
     def leaky(self: Staging, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -132,7 +158,7 @@ def test_a_host_tensor_slipped_into_the_step_is_caught(
         return tensors
 
     monkeypatch.setattr(Staging, "upload", leaky)
-    with pytest.raises(RuntimeError, match=r"tensors on \['cpu', 'meta'\]|device cpu"):
+    with pytest.raises(RuntimeError, match=r"tensors on \['cpu', 'meta'\]|device cpu|same device"):
         _steps(runner, monkeypatch)
 
 

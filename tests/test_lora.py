@@ -188,27 +188,10 @@ def test_what_serve_refuses_at_start_names_the_adapter(
 
 
 def test_an_adapter_on_the_embedded_models_quantized_blocks(tmp_path: Path) -> None:
-    """On the GGUF file's own blocks (the cpu backend's default), an adapter's rows run through
-    the layers beside the base model's fused rows: its answer is its own, alone or batched."""
-    import torch
-    from safetensors.torch import save_file
-
-    info = read_model_info(embedded_model_path())
-    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    shapes = {"self_attn.q_proj": (info.hidden_size, q), "self_attn.v_proj": (info.hidden_size, kv),
-              "mlp.down_proj": (info.intermediate_size, info.hidden_size)}  # fmt: skip
-    torch.manual_seed(0)
-    tensors = {}
-    for layer in range(info.num_layers):
-        for module, (fan_in, fan_out) in shapes.items():
-            key = f"base_model.model.model.layers.{layer}.{module}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(8, fan_in) / fan_in**0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, 8) * 0.05
-    folder = tmp_path / "adapter"
-    folder.mkdir()
-    save_file(tensors, folder / "adapter_model.safetensors")
-    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": list(shapes)}
-    (folder / "adapter_config.json").write_text(json.dumps(config))
+    """On the GGUF file's own blocks (the cpu backend's default), a step with an adapter's rows
+    runs them, and the base model's beside them, through the layers: each answer is its own,
+    alone or batched."""
+    folder = random_llama.lora(tmp_path / "adapter", read_model_info(embedded_model_path()))
     prompt = "Write a list of fruits:"
     with launched_server("--enable-lora", "--lora-modules", f"fruity={folder}") as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
@@ -221,7 +204,7 @@ def test_an_adapter_on_the_embedded_models_quantized_blocks(tmp_path: Path) -> N
                 temperature=0,
                 extra_body={"ignore_eos": True},
             )
-            return answer.choices[0].text  # fmt: skip
+            return answer.choices[0].text
 
         alone = text("fruity")
         with ThreadPoolExecutor(5) as pool:

@@ -58,6 +58,7 @@ class PlanRunner(Protocol):
     info: ModelInfo
     num_blocks: int
     max_model_len: int
+    num_loras: int  # the LoRA adapters it holds (`Register.num_loras`)
     load_seconds: float
 
     def launch(self, plan: BatchPlan) -> PendingStep: ...

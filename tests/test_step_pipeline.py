@@ -5,6 +5,8 @@ that takes its time answers every step, in order, in both scheduling modes."""
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import numpy as np
 import pytest
@@ -95,8 +97,9 @@ def test_a_device_that_takes_its_time_answers_every_step_in_order(ahead: bool) -
         socket = make_socket(zmq.Context.instance(), zmq.DEALER, address, bind=False)
         codec: FrameCodec[FromScheduler] = FrameCodec(FromScheduler, "test.gateway")
         socket.send(codec.encode(Heartbeat(0)))
-        sent = False
+        sent, deadline = False, time.monotonic() + 120
         while len(ended) < len(wanted):
+            assert time.monotonic() < deadline, "the requests never ended (no executor ready?)"
             assert socket.poll(30_000), "the stack stopped answering"
             message = codec.decode(socket.recv())
             if isinstance(message, SchedulerStatus) and message.ready and not sent:

@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from turnstile.shared.lora import module_shapes
 from turnstile.shared.model_info import ModelInfo
 
 FOR_TWO_RANKS = dict(
@@ -116,9 +117,9 @@ def lora(folder: Path, info: ModelInfo, rank: int = 8) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    shapes = {"self_attn.q_proj": (info.hidden_size, q), "self_attn.v_proj": (info.hidden_size, kv),
-              "mlp.down_proj": (info.intermediate_size, info.hidden_size)}  # fmt: skip
+    every = module_shapes(info)
+    shapes = {f"{block}.{module}": every[module] for block, module in
+              (("self_attn", "q_proj"), ("self_attn", "v_proj"), ("mlp", "down_proj"))}  # fmt: skip
     torch.manual_seed(0)
     tensors = {}
     for layer in range(info.num_layers):

@@ -75,6 +75,14 @@ def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1)
     return found
 
 
+def module_shapes(info: ModelInfo) -> dict[str, tuple[int, int]]:
+    """Each adaptable module's (in, out) features in a model of `info`'s shape."""
+    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    h, inner = info.hidden_size, info.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, inner), "up_proj": (h, inner), "down_proj": (inner, h)}  # fmt: skip
+
+
 def _parse(spec: str) -> tuple[str, Path]:
     if spec.lstrip().startswith("{"):
         given = json.loads(spec)
@@ -128,12 +136,7 @@ def _check_tensors(
     except (OSError, ValueError, struct.error) as exc:
         raise ValueError(f"{where}: cannot read {file} ({exc})") from None
     header.pop("__metadata__", None)
-    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    h, inner = info.hidden_size, info.intermediate_size
-    ins = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h,
-           "down_proj": inner}  # fmt: skip
-    outs = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": h, "gate_proj": inner,
-            "up_proj": inner, "down_proj": h}  # fmt: skip
+    shapes = module_shapes(info)
     found = {}
     for key, entry in header.items():
         match = _KEY.fullmatch(key)
@@ -144,7 +147,8 @@ def _check_tensors(
         if int(layer) >= info.num_layers or (block == "mlp" and int(layer) in info.expert_layers):
             raise ValueError(f"{where_key}: the base model has no such dense layer")
         shape = tuple(entry["shape"])
-        want = (rank, ins[module]) if side == "A" else (outs[module], rank)
+        fan_in, fan_out = shapes[module]
+        want = (rank, fan_in) if side == "A" else (fan_out, rank)
         if shape != want:
             raise ValueError(f"{where_key}: shape {list(shape)}, expected {list(want)}")
         found[key] = (int(layer), module, side)

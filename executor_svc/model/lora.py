@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from turnstile.executor_svc.model.rope import interleave_rotary_halves
-from turnstile.shared.lora import WEIGHTS_FILE, Adapter
+from turnstile.shared.lora import WEIGHTS_FILE, Adapter, module_shapes
 from turnstile.shared.model_info import ModelInfo
 
 # The model's projections, and the PEFT modules each fuses, in its rows' order.
@@ -54,14 +54,12 @@ def _fused(
     """One (A, B) for a fused projection's parts; None if the adapter adapts none of them."""
     if all(part is None for part in found):
         return None
-    outs = {"q_proj": info.num_heads * info.head_dim, "k_proj": info.num_kv_heads * info.head_dim,
-            "v_proj": info.num_kv_heads * info.head_dim}  # fmt: skip
+    shapes = module_shapes(info)
     heads = {"q_proj": info.num_heads, "k_proj": info.num_kv_heads}
     a_rows, b_blocks = [], []
     for module, part in zip(modules, found, strict=True):
         if part is None or "A" not in part or "B" not in part:
-            width = outs.get(module) or _out_of_sibling(found)
-            b_blocks.append(torch.zeros(width, 0))
+            b_blocks.append(torch.zeros(shapes[module][1], 0))
             continue
         b = part["B"] * scaling
         if module in heads:
@@ -69,11 +67,6 @@ def _fused(
         a_rows.append(part["A"])
         b_blocks.append(b)
     return torch.cat(a_rows), torch.block_diag(*b_blocks)
-
-
-def _out_of_sibling(found: list[dict[str, torch.Tensor] | None]) -> int:
-    """gate's and up's outputs are alike: an absent one's width is its sibling's."""
-    return next(part["B"].shape[0] for part in found if part is not None and "B" in part)
 
 
 @dataclass(slots=True, frozen=True)

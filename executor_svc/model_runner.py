@@ -15,7 +15,7 @@ from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.model.weights import load_weights
-from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
+from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs, spread
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
@@ -121,8 +121,11 @@ class ModelRunner:
         """The step onto the device, with its rows' sampling parameters."""
         rows = inputs.sample_rows
         table = self.applier.batch
-        params = [self.applier.sampling[slot] for slot in rows.tolist()]
         output_index = table.num_tokens[rows] - table.num_prompt[rows]
+        if inputs.sample_counts is not None:  # a row's drafts: a position each, as if known
+            output_index = spread(output_index, inputs.sample_counts)
+            rows = np.repeat(rows, inputs.sample_counts)
+        params = [self.applier.sampling[slot] for slot in rows.tolist()]
 
         def history(row: int) -> tuple[np.ndarray, np.ndarray]:
             slot = rows[row]
@@ -193,9 +196,17 @@ class ModelRunner:
         reserved = self.applier.reserve()
         prompt = step.sampling.host.prompt
         embedded = step.sampling.host.embed_rows
+        drafted = self.applier.drafted
+        req_ids = reserved.req_ids if drafted is None else np.repeat(reserved.req_ids, drafted + 1)
 
         def finish(tokens: np.ndarray, logprobs: Logprobs) -> StepResult:
-            self.applier.fill(reserved, tokens)
+            counts = b""
+            if drafted is None:
+                self.applier.fill(reserved, tokens)
+            else:
+                verified = self.applier.verify(reserved, drafted, tokens)
+                tokens, counts = tokens[verified.kept], pack_ids(verified.counts)
+                logprobs = [logprobs[i] for i in verified.kept.tolist()]
             if constrained is not None:
                 self.grammars.accept(constrained, tokens)
             prompt_logprobs = (
@@ -204,10 +215,11 @@ class ModelRunner:
             return StepResult(
                 step=plan.step,
                 sampled=pack_ids(tokens),
+                num_sampled=counts,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 refused=self.grammars.take_refused(),
-                embeddings=embeddings(reserved.req_ids, embedded, vectors),
+                embeddings=embeddings(req_ids, embedded, vectors),
             )
 
         flight = StepInFlight(plan.step, sampled, reserved.rows, finish)
@@ -218,7 +230,8 @@ class ModelRunner:
         """Whether the step's rows read their tokens on the host."""
         current = self.applier.adjusts[self.applier.batch.order].any()
         joining = any(adjusts_logits(n.sampling) or constrains(n.sampling) for n in plan.new)
-        return bool(self.grammars) or bool(current) or joining
+        drafts = plan.drafts is not None or self.applier.drafted is not None  # rows' tokens moved
+        return bool(self.grammars) or bool(current) or joining or drafts
 
     def _carry(self, inputs: StepInputs) -> Carry | None:
         """Which of the step's input tokens the step still in flight samples, and where."""

@@ -27,8 +27,11 @@ class StepInputs:
     query_start_loc: np.ndarray  # len(rows) + 1 offsets into the token arrays
     seq_lens: np.ndarray  # KV length of each row once this step's tokens are written
     block_tables: np.ndarray  # [len(rows), blocks of the longest row]
-    logits_indices: np.ndarray  # token whose logits are sampled, one per sampling row
+    logits_indices: np.ndarray  # token whose logits are sampled, one per sampled position
     sample_rows: np.ndarray  # slots that sample a token, in row order
+    # Speculative decoding: positions each sampling row samples (1 + its drafts), where any
+    # row has drafts; each drafted token's position samples the token after it.
+    sample_counts: np.ndarray | None = None
     # The tokens of rows that run a LoRA adapter, grouped by adapter: (slot, start, end) of
     # `lora_tokens` each; none without such rows.
     lora_tokens: np.ndarray | None = None
@@ -36,6 +39,17 @@ class StepInputs:
 
 
 HOLE = -1  # a token sampled by a step still running: known on the device only
+
+
+@dataclass(slots=True, frozen=True)
+class Verified:
+    """A step with drafts, its tokens checked against them: which of the sampled positions
+    stand (`kept`: the drafts that matched, then the token after them), how many each row
+    keeps, and each row's last."""
+
+    kept: np.ndarray
+    counts: np.ndarray
+    last: np.ndarray
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +70,7 @@ class PlanApplier:
         self.wants_prompt_logprobs = False  # whether any request so far asked for them
         self.step = 0
         self._sample_rows = np.empty(0, dtype=np.int64)
+        self.drafted: np.ndarray | None = None  # the last step's drafts per sampling row
 
     def apply(self, plan: BatchPlan) -> StepInputs:
         if plan.step != self.step + 1:
@@ -75,6 +90,7 @@ class PlanApplier:
                 self.adjusts[slot] = adjusts_logits(new.sampling)
                 self.lora[slot] = new.lora
                 self.wants_prompt_logprobs |= new.sampling.prompt_logprobs is not None
+            drafts = self._append_drafts(plan)
             rows = batch.order
             scheduled = np.ones(len(rows), dtype=np.int64)
             overrides = unpack_ids(plan.override_ids)
@@ -93,7 +109,43 @@ class PlanApplier:
         except (KeyError, ValueError, IndexError) as exc:
             raise PlanError(f"plan for step {plan.step} does not apply: {exc}") from exc
         self.step = plan.step
-        return self._inputs(rows[scheduled > 0], scheduled[scheduled > 0])
+        return self._inputs(rows[scheduled > 0], scheduled[scheduled > 0], drafts)
+
+    def _append_drafts(self, plan: BatchPlan) -> np.ndarray | None:
+        """The plan's drafts after their rows' known tokens; returns the drafts per slot."""
+        if plan.drafts is None:
+            return None
+        ids, tokens = unpack_ids(plan.drafts.req_ids), unpack_ids(plan.drafts.tokens)
+        counts = unpack_ids(plan.drafts.counts).astype(np.int64)
+        batch = self.batch
+        slots = np.array([batch.slot_of[int(r)] for r in ids], dtype=np.int64)
+        decoding = (batch.num_tokens[slots] - batch.num_computed[slots] == 1).all()
+        if len(counts) != len(ids) or int(counts.sum()) != len(tokens) or not decoding:
+            raise ValueError("drafts that do not fit their decoding rows")
+        batch.append_drafts(slots, counts, tokens)
+        per_slot = np.zeros(batch.capacity, dtype=np.int64)
+        per_slot[slots] = counts
+        return per_slot
+
+    def verify(self, reserved: Reserved, drafted: np.ndarray, sampled: np.ndarray) -> Verified:
+        """A step's sampled positions against its drafts (`drafted`, per sampling row): a row
+        keeps its drafts up to the first its model did not sample, then the token it sampled
+        there. The batch keeps those tokens; the rest are written over as the row goes on."""
+        per = drafted + 1
+        starts = np.cumsum(per) - per
+        counts = np.ones(len(per), dtype=np.int64)
+        for i in np.flatnonzero(drafted).tolist():
+            first = int(reserved.at[i] - drafted[i])
+            slot, out = reserved.rows[i], sampled[starts[i] : starts[i] + per[i]]
+            misses = out[:-1] != self.batch.tokens[slot, first : first + drafted[i]]
+            counts[i] = (int(np.argmax(misses)) if misses.any() else int(drafted[i])) + 1
+        last_kept = starts + counts - 1
+        kept, last = spread(last_kept, counts), sampled[last_kept]
+        self.fill(reserved, last)
+        rows = np.flatnonzero(drafted)
+        emitted = [sampled[starts[i] : starts[i] + counts[i]] for i in rows.tolist()]
+        self.batch.keep_drafted(reserved.rows[rows], reserved.at[rows] - drafted[rows], emitted)
+        return Verified(kept, counts, last)
 
     def commit(self, sampled: np.ndarray) -> None:
         """Record the tokens sampled for `StepInputs.sample_rows`; they are next step's inputs."""
@@ -112,7 +164,9 @@ class PlanApplier:
         kept = self.batch.req_ids[reserved.rows] == reserved.req_ids
         self.batch.tokens[reserved.rows[kept], reserved.at[kept]] = sampled[kept]
 
-    def _inputs(self, rows: np.ndarray, counts: np.ndarray) -> StepInputs:
+    def _inputs(
+        self, rows: np.ndarray, counts: np.ndarray, drafts: np.ndarray | None = None
+    ) -> StepInputs:
         batch = self.batch
         starts = batch.num_computed[rows]
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -130,6 +184,10 @@ class PlanApplier:
         batch.num_computed[rows] = seq_lens
         sampling = batch.samples(rows)
         self._sample_rows = rows[sampling]
+        logits_indices = query_start_loc[1:][sampling] - 1
+        self.drafted = None if drafts is None else drafts[self._sample_rows]
+        if self.drafted is not None:
+            logits_indices = spread(logits_indices, self.drafted + 1)
         inputs = StepInputs(
             rows=rows,
             input_ids=batch.tokens[owner, positions],
@@ -138,12 +196,23 @@ class PlanApplier:
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
             block_tables=batch.block_table[rows, :width],
-            logits_indices=query_start_loc[1:][sampling] - 1,
+            logits_indices=logits_indices,
             sample_rows=self._sample_rows,
+            sample_counts=None if self.drafted is None else self.drafted + 1,
         )
         if self.lora[rows].any():
             inputs.lora_tokens, inputs.lora_segments = _by_adapter(self.lora[owner])
         return inputs
+
+
+def spread(last: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each row's `counts[i]` consecutive values ending at `last[i]`, rows concatenated."""
+    total = int(counts.sum())
+    return (
+        np.repeat(last - counts + 1, counts)
+        + np.arange(total)
+        - np.repeat(np.cumsum(counts) - counts, counts)
+    )
 
 
 def _by_adapter(adapters: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from turnstile.executor_svc.plan_applier import PlanApplier
+from turnstile.executor_svc.plan_applier import PlanApplier, spread
 from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
 
 
@@ -50,7 +50,17 @@ class SimulatedExecutor:
             self.script_len[slot] = self.output_len(seed)
         rows = inputs.sample_rows
         index = batch.num_tokens[rows] - batch.num_prompt[rows]
+        per = inputs.sample_counts
+        if per is not None:  # drafts: each position samples, and the script judges them
+            index, rows = spread(index, per), np.repeat(rows, per)
         tokens = scripted_tokens(self.seed[rows], index, self.vocab_size, self.eos_token_id)
         tokens[index == self.script_len[rows] - 1] = self.eos_token_id
-        self.applier.commit(tokens)
-        return StepResult(step=plan.step, sampled=pack_ids(tokens))
+        if self.applier.drafted is None:
+            self.applier.commit(tokens)
+            return StepResult(step=plan.step, sampled=pack_ids(tokens))
+        verified = self.applier.verify(self.applier.reserve(), self.applier.drafted, tokens)
+        return StepResult(
+            step=plan.step,
+            sampled=pack_ids(tokens[verified.kept]),
+            num_sampled=pack_ids(verified.counts),
+        )

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from turnstile.scheduler_svc.ngram_drafter import Drafts
 from turnstile.scheduler_svc.running_batch import RunningBatch
+
+_NONE = np.empty(0, dtype=np.int64)
 
 
 @dataclass(slots=True)  # not frozen: one is made every step, and frozen init is slower
@@ -25,13 +28,20 @@ class StepInFlight:
     rows: np.ndarray  # every row of the step: the ones a failure of it is blamed on
     row_admissions: np.ndarray
     steady_next: bool  # every row then wants exactly one token: the next step is steady decode
+    drafted: np.ndarray  # drafts each sampling row verifies; empty: none in the step
 
     @classmethod
     def record(
-        cls, step: int, batch: RunningBatch, prefilled: np.ndarray, all_sample: bool
+        cls,
+        step: int,
+        batch: RunningBatch,
+        prefilled: np.ndarray,
+        all_sample: bool,
+        drafts: Drafts | None = None,
     ) -> StepInFlight:
         """Planned: the rows whose every known token is now computed (`all_sample`: every
-        row, a steady decode step's) sample one more, and a placeholder holds its place."""
+        row, a steady decode step's) sample one more, and a placeholder holds its place (after
+        a row's drafts, if it has any)."""
         order = batch.order
         admissions = batch.admission[order]
         if all_sample:
@@ -53,6 +63,7 @@ class StepInFlight:
             rows=order,
             row_admissions=admissions,
             steady_next=len(sampling) == len(order) and not capped,
+            drafted=_NONE if drafts is None else drafts.per_row(sampling),
         )
 
     def live(self, batch: RunningBatch) -> np.ndarray:

@@ -27,6 +27,9 @@ class SchedulerStats:
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    spec_drafts: int = 0  # rows' steps with drafts (speculative decoding)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0  # drafts that stood
 
 
 class RequestLifecycle:

@@ -29,6 +29,15 @@ class SchedulerMetrics:
         self.preemptions = Counter("turnstile:num_preemptions", "Requests preempted")
         self.prompt_tokens = Counter("turnstile:prompt_tokens", "Prompt tokens admitted")
         self.generation_tokens = Counter("turnstile:generation_tokens", "Tokens generated")
+        self.spec_drafts = Counter(
+            "turnstile:spec_decode_num_drafts", "Rows' steps that verified drafted tokens"
+        )
+        self.spec_draft_tokens = Counter(
+            "turnstile:spec_decode_num_draft_tokens", "Drafted tokens verified"
+        )
+        self.spec_accepted_tokens = Counter(
+            "turnstile:spec_decode_num_accepted_tokens", "Drafted tokens that stood"
+        )
         self.finished = Counter(
             "turnstile:request_success", "Requests that ended", ["finished_reason"]
         )
@@ -51,7 +60,7 @@ class SchedulerMetrics:
             "Encoded batch plan size",
             buckets=(16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536),
         )
-        self._seen = (0, 0, 0, 0, 0)
+        self._seen = (0,) * 8
 
     def observe(self, scheduler: Scheduler) -> None:
         stats = scheduler.stats
@@ -67,6 +76,9 @@ class SchedulerMetrics:
             stats.num_preemptions,
             stats.prompt_tokens,
             stats.generation_tokens,
+            stats.spec_drafts,
+            stats.spec_draft_tokens,
+            stats.spec_accepted_tokens,
         )
         counters = (
             self.prefix_queries,
@@ -74,6 +86,9 @@ class SchedulerMetrics:
             self.preemptions,
             self.prompt_tokens,
             self.generation_tokens,
+            self.spec_drafts,
+            self.spec_draft_tokens,
+            self.spec_accepted_tokens,
         )
         for counter, value, seen in zip(counters, now, self._seen, strict=True):
             if value > seen:

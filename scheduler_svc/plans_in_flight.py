@@ -11,8 +11,10 @@ from turnstile.shared.config import SchedulingConfig
 
 def plans_ahead(scheduling: SchedulingConfig) -> int:
     """How many plans may be out unanswered: two with async scheduling, else one."""
-    # A static batch ends before the next is planned: the baseline stays a static server.
+    # A static batch ends before the next is planned: the baseline stays a static server. A
+    # row's drafts are made from the tokens its last step kept, so speculation waits for them.
     ahead = scheduling.async_scheduling and scheduling.static_batching is None
+    ahead = ahead and scheduling.speculative_config is None
     return 2 if ahead else 1
 
 

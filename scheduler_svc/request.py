@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstile.scheduler_svc.block_pool import salt_root
-from turnstile.shared.protocol import AddRequest, SamplingParams, unpack_ids
+from turnstile.shared.protocol import (
+    AddRequest,
+    SamplingParams,
+    adjusts_logits,
+    constrains,
+    unpack_ids,
+)
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
@@ -45,6 +51,10 @@ class Request:
     # only within one salt and one adapter, whose KV differs. 0: neither.
     cache_root: int = 0
     lora: int = 0  # its LoRA adapter; 0: none
+    # Whether it may verify drafted tokens (speculative decoding): not where a token's logits
+    # depend on the tokens before it beyond the model (penalties, bad words, min_tokens, a
+    # grammar, a thinking budget), nor for its prompt's logprobs or an embedding.
+    speculates: bool = False
 
     @classmethod
     def from_message(
@@ -67,11 +77,19 @@ class Request:
             sampling=msg.sampling,
             cache_root=salt_root(msg.cache_salt, msg.lora),
             lora=msg.lora,
+            speculates=may_speculate(msg.sampling),
         )
 
     def rank(self, by_priority: bool) -> int:
         priority = self.priority + _PRIORITY_LIMIT if by_priority else 0
         return (priority << _ARRIVAL_BITS) | self.arrival
+
+
+def may_speculate(sampling: SamplingParams) -> bool:
+    return not (
+        adjusts_logits(sampling) or constrains(sampling) or sampling.embed
+        or sampling.prompt_logprobs is not None
+    )  # fmt: skip
 
 
 def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:

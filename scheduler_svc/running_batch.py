@@ -19,6 +19,7 @@ class RunningBatch(BatchTable):
         self.stop_len = np.zeros(capacity, dtype=np.int64)
         self.stops_at_eos = np.zeros(capacity, dtype=bool)
         self.has_stop_ids = np.zeros(capacity, dtype=bool)
+        self.speculates = np.zeros(capacity, dtype=bool)  # may verify drafts (`Request`)
         self.rank = np.zeros(capacity, dtype=np.int64)
         self.num_hashed = np.zeros(capacity, dtype=np.int64)
         # Leading blocks given back to the pool behind a sliding window (their ids stay in
@@ -42,6 +43,7 @@ class RunningBatch(BatchTable):
         self.stops_at_eos[slot] = req.stops_at_eos
         self.has_stop_ids[slot] = bool(req.stop_token_ids)
         self.num_with_stop_ids += bool(req.stop_token_ids)
+        self.speculates[slot] = req.speculates
         self.rank[slot] = req.rank(by_priority)
         self.num_hashed[slot] = num_computed // self.block_size
         self.num_released[slot] = 0

@@ -15,9 +15,12 @@ import numpy as np
 from turnstile.scheduler_svc.block_pool import BlockPool
 from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.lifecycle import RequestLifecycle, SchedulerStats
+from turnstile.scheduler_svc.ngram_drafter import Drafts, NgramDrafter
+from turnstile.scheduler_svc.priority_preemption import preempt_for_higher_priority
 from turnstile.scheduler_svc.request import Request
 from turnstile.scheduler_svc.running_batch import RunningBatch
 from turnstile.scheduler_svc.step_result import take_result
+from turnstile.scheduler_svc.token_budget import split_budget
 from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
 from turnstile.shared.batch_table import cdiv
 from turnstile.shared.config import SchedulerConfig
@@ -32,20 +35,6 @@ from turnstile.shared.protocol import (
 )
 
 
-def split_budget(want: np.ndarray, budget: int) -> np.ndarray:
-    """Tokens each running row computes: every decode first, then prefill chunks in row order,
-    so a long prompt can never starve the decodes."""
-    scheduled = np.zeros_like(want)
-    decodes = np.flatnonzero(want == 1)[:budget]
-    scheduled[decodes] = 1
-    room = budget - len(decodes)
-    prefills = np.flatnonzero(want > 1)
-    if room > 0 and len(prefills):
-        wanted = want[prefills]
-        scheduled[prefills] = np.clip(room - (np.cumsum(wanted) - wanted), 0, wanted)
-    return scheduled
-
-
 class Scheduler:
     def __init__(
         self, config: SchedulerConfig, eos_token_ids: tuple[int, ...], vocab_size: int
@@ -54,6 +43,8 @@ class Scheduler:
         self.lifecycle = RequestLifecycle(config, eos_token_ids, vocab_size)
         self.step = 0  # the latest planned
         self._steady = True  # as the last plan left the rows: each wants exactly one token
+        speculation = config.scheduling.speculation
+        self.drafter = None if speculation is None else NgramDrafter(speculation)
 
     # The requests' side, as the service, the offline engine and the tests use it.
     def add_request(self, msg: AddRequest, now: float = 0.0) -> None:
@@ -125,17 +116,20 @@ class Scheduler:
             for blocks in self.batch.release_behind(self.config.sliding_window):
                 self.pool.release(blocks)
         if self.lifecycle.by_priority:
-            self._preempt_for_higher_priority(budget)
+            preempt_for_higher_priority(self.lifecycle, self.config, budget)
         rows = self.batch.order
         steady = self._steady
-        new_block_ids = self._schedule_decodes(rows) if steady else None
+        drafts = None if self.drafter is None else self.drafter.propose(self.batch, rows)
+        new_block_ids = self._schedule_decodes(rows) if steady and drafts is None else None
         if new_block_ids is not None:
             overridden = np.empty(0, dtype=np.int64)
             scheduled = overridden
             budget -= len(rows)
             preempted = False
         else:
-            rows, scheduled, new_block_ids, preempted = self._schedule_running(rows, budget)
+            rows, scheduled, new_block_ids, preempted, drafts = self._schedule_running(
+                rows, budget, drafts
+            )
             overridden = np.flatnonzero(scheduled != 1)
             budget -= int(scheduled.sum())
         # After a preemption the freed room goes to the preempted, not to newcomers.
@@ -149,13 +143,14 @@ class Scheduler:
             override_ids=pack_ids(self.batch.req_ids[rows[overridden]]),
             override_counts=pack_ids(scheduled[overridden]),
             new_block_ids=pack_ids(new_block_ids),
+            drafts=None if drafts is None else drafts.message(self.batch),
         )
         prefilled = rows[overridden]
         if new:
             admitted = np.array([self.batch.slot_of[n.req_id] for n in new], dtype=np.int64)
             prefilled = np.concatenate([prefilled, admitted])
         all_sample = steady and not new  # every row computed its one missing token
-        record = StepInFlight.record(self.step, self.batch, prefilled, all_sample)
+        record = StepInFlight.record(self.step, self.batch, prefilled, all_sample, drafts)
         self.lifecycle.in_flight.append(record)
         self._steady = record.steady_next
         return plan
@@ -172,22 +167,28 @@ class Scheduler:
         return new_block_ids
 
     def _schedule_running(
-        self, rows: np.ndarray, budget: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        self, rows: np.ndarray, budget: int, drafts: Drafts | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, Drafts | None]:
         """Any step: split the budget, grant blocks, preempt when they run out."""
-        computed = self.batch.num_computed[rows]
-        scheduled = split_budget(self.batch.wanted(rows), budget)
-        need = self.batch.blocks_needed(rows, scheduled)
+        batch = self.batch
+        computed = batch.num_computed[rows]
+        scheduled = split_budget(batch.wanted(rows), budget)
+        if drafts is not None:
+            drafts = drafts.fit(rows, scheduled, budget - int(scheduled.sum()))
+        need = batch.blocks_needed(rows, scheduled)
         total_need = int(need.sum())
         preempted = total_need > self.pool.num_free
         if preempted:
             rows, scheduled, need, new_block_ids = self._allocate_or_preempt(rows, scheduled, need)
-            computed = self.batch.num_computed[rows]
+            computed = batch.num_computed[rows]
+            drafts = None if drafts is None else drafts.only(rows)
         else:
             new_block_ids = self.pool.allocate(total_need)
-        self.batch.extend_blocks(rows, need, new_block_ids)
-        self.batch.num_computed[rows] = computed + scheduled
-        return rows, scheduled, new_block_ids, preempted
+        batch.extend_blocks(rows, need, new_block_ids)
+        batch.num_computed[rows] = computed + scheduled
+        if drafts is not None:
+            batch.append_drafts(drafts.slots, drafts.counts, drafts.tokens)
+        return rows, scheduled, new_block_ids, preempted, drafts
 
     def update(self, result: StepResult) -> EngineOutputs:
         """Raises FrameError, changing nothing, for a result that does not fit the step."""
@@ -273,23 +274,3 @@ class Scheduler:
         new_ids = [granted[p] for p in np.flatnonzero(keep).tolist()]
         new_ids = np.concatenate(new_ids) if new_ids else np.empty(0, dtype=np.int64)
         return rows[keep], scheduled[keep], need[keep], new_ids
-
-    def _preempt_for_higher_priority(self, budget: int) -> None:
-        """Preempt lower-priority running rows while the best waiting request cannot get in."""
-        batch = self.batch
-        while (head := self.waiting.peek()) is not None and len(batch):
-            rows = batch.order
-            worst = int(rows[np.argmax(batch.rank[rows])])
-            if head.rank(by_priority=True) >= batch.rank[worst]:
-                return
-            scheduled = split_budget(batch.wanted(rows), budget)
-            room = budget - int(scheduled.sum())
-            if room <= 0:
-                return
-            running_need = int(batch.blocks_needed(rows, scheduled).sum())
-            head_need = cdiv(min(len(head.token_ids), room), self.config.block_size)
-            if len(batch) < self.config.max_num_seqs and (
-                self.pool.num_free - running_need >= head_need
-            ):
-                return
-            self.lifecycle.preempt(worst)

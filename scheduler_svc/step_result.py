@@ -20,7 +20,10 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
     if record is None or result.step != record.step:
         raise FrameError(f"result for step {result.step}; step {latest} is the latest sent")
     sampled = unpack_ids(result.sampled)
-    if len(sampled) != len(record.slots):
+    counts = unpack_ids(result.num_sampled).astype(np.int64)
+    if len(counts) or len(record.drafted):
+        _check_drafted(record, sampled, counts)
+    elif len(sampled) != len(record.slots):
         raise FrameError(f"{len(sampled)} sampled ids for {len(record.slots)} sampling rows")
     if len(sampled) and not (sampled.min() >= 0 and sampled.max() < lifecycle.vocab_size):
         raise FrameError(f"sampled ids outside the vocabulary [0, {lifecycle.vocab_size})")
@@ -34,6 +37,8 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         req = lifecycle.requests.get(req_id)
         if req is not None:
             lifecycle.leave(req, "grammar", why)
+    if len(record.drafted):
+        return _take_drafted(lifecycle, record, result, sampled, counts)
     batch = lifecycle.batch
     live = record.live(batch)
     batch.fill_places(record.slots[live], record.index[live], sampled[live])
@@ -72,6 +77,65 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
         token_ids=pack_ids(sampled[kept]),
         finished=lifecycle.take_finished(),
         logprobs=[result.logprobs[i] for i in kept.tolist()] if result.logprobs else [],
+        prompt_logprobs=result.prompt_logprobs,
+        embeddings=embeddings,
+    )
+
+
+def _check_drafted(record: StepInFlight, sampled: np.ndarray, counts: np.ndarray) -> None:
+    if len(counts) != len(record.slots) or len(record.drafted) != len(record.slots):
+        raise FrameError(f"{len(counts)} counts of sampled ids for {len(record.slots)} rows")
+    fits = (counts >= 1) & (counts <= record.drafted + 1)
+    if int(counts.sum()) != len(sampled) or not fits.all():
+        raise FrameError("each row samples from 1 to its drafts + 1 ids, and they all come")
+
+
+def _take_drafted(
+    lifecycle: RequestLifecycle,
+    record: StepInFlight,
+    result: StepResult,
+    sampled: np.ndarray,
+    counts: np.ndarray,
+) -> EngineOutputs:
+    """A step with drafts: each row's drafts that stood, then the token after them, up to the
+    first that ends it. Plans go in lockstep then, with no padding: a row that left while the
+    step ran was aborted, and its tokens are dropped."""
+    batch = lifecycle.batch
+    live = np.flatnonzero(record.live(batch))
+    starts = np.cumsum(counts) - counts
+    answered, lengths = [], []
+    for i in live.tolist():
+        tokens = sampled[starts[i] : starts[i] + counts[i]]
+        req = batch.requests[int(record.slots[i])]
+        ends = np.isin(tokens, list(req.stop_token_ids))  # type: ignore[union-attr]
+        if batch.stops_at_eos[record.slots[i]]:
+            ends |= np.isin(tokens, lifecycle.eos_token_ids)
+        length = int(np.argmax(ends)) + 1 if ends.any() else len(tokens)
+        answered.extend(range(starts[i], starts[i] + length))
+        lengths.append(length)
+    slots, first = record.slots[live], (record.index - record.drafted)[live]
+    emitted = [sampled[s : s + n] for s, n in zip(starts[live].tolist(), lengths, strict=True)]
+    batch.keep_drafted(slots, first, emitted)
+    if lifecycle.pool.enable_caching:
+        for slot in record.still_prefilled(batch):
+            lifecycle.prefix_cache.publish(slot)
+    stats = lifecycle.stats
+    drafting = live[record.drafted[live] > 0]
+    stats.spec_drafts += len(drafting)
+    stats.spec_draft_tokens += int(record.drafted[drafting].sum())
+    stats.spec_accepted_tokens += int((counts[drafting] - 1).sum())
+    req_ids = np.repeat(record.req_ids[live], lengths)
+    live_ids = set(record.req_ids[live].tolist())
+    embeddings = [e for e in result.embeddings if e.req_id in live_ids]
+    stats.generation_tokens += len(answered) - len(embeddings)
+    last = np.array([tokens[-1] for tokens in emitted], dtype=np.int64)
+    _end_stopped(lifecycle, slots, last, first + np.array(lengths, dtype=np.int64))
+    return EngineOutputs(
+        step=result.step,
+        req_ids=pack_ids(req_ids),
+        token_ids=pack_ids(sampled[answered]),
+        finished=lifecycle.take_finished(),
+        logprobs=[result.logprobs[j] for j in answered] if result.logprobs else [],
         prompt_logprobs=result.prompt_logprobs,
         embeddings=embeddings,
     )

@@ -71,8 +71,9 @@ class BatchTable:
 
     def decode_block_rows(self, rows: np.ndarray) -> np.ndarray:
         """In a steady decode step (every row computes one token), the rows that take a new
-        block: those whose computed tokens fill their blocks exactly."""
-        return rows[self.num_computed[rows] % self.block_size == 0]
+        block: those whose computed tokens fill their blocks (a row whose drafts were turned
+        down may hold a block ahead)."""
+        return rows[self.num_computed[rows] >= self.num_blocks[rows] * self.block_size]
 
     def samples(self, rows: np.ndarray) -> np.ndarray:
         """Which of `rows` sample a token once this step is computed: those whose every known
@@ -81,7 +82,8 @@ class BatchTable:
 
     def blocks_needed(self, rows: np.ndarray, scheduled: np.ndarray) -> np.ndarray:
         """Blocks each row must gain so its KV covers the tokens it computes this step."""
-        return cdiv(self.num_computed[rows] + scheduled, self.block_size) - self.num_blocks[rows]
+        need = cdiv(self.num_computed[rows] + scheduled, self.block_size) - self.num_blocks[rows]
+        return np.maximum(need, 0)
 
     def extend_blocks(self, rows: np.ndarray, need: np.ndarray, block_ids: np.ndarray) -> None:
         """Append `need[i]` ids of `block_ids` (taken in row order) to the table of `rows[i]`."""
@@ -104,6 +106,23 @@ class BatchTable:
     def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         self.tokens[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
+
+    def append_drafts(self, slots: np.ndarray, counts: np.ndarray, tokens: np.ndarray) -> None:
+        """Speculative decoding: `counts[i]` drafted tokens (`tokens`, rows concatenated) after
+        the known tokens of `slots[i]`, computed this step as if they were known."""
+        owners = np.repeat(slots, counts)
+        within = np.arange(len(tokens)) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.tokens[owners, self.num_tokens[owners] + within] = tokens
+        self.num_tokens[slots] += counts
+
+    def keep_drafted(self, slots: np.ndarray, first: np.ndarray, emitted: list[np.ndarray]) -> None:
+        """After a step with drafts: row `slots[i]`'s tokens from index `first[i]` on are
+        `emitted[i]` (the drafts that stood, then the token sampled after them). The KV of the
+        turned-down drafts is written over as the row goes on."""
+        for slot, start, tokens in zip(slots.tolist(), first.tolist(), emitted, strict=True):
+            self.tokens[slot, start : start + len(tokens)] = tokens
+            self.num_tokens[slot] = start + len(tokens)
+            self.num_computed[slot] = start + len(tokens) - 1
 
     def known_tokens(self, slot: int) -> np.ndarray:
         return self.tokens[slot, : self.num_tokens[slot]]

@@ -8,6 +8,7 @@ from typing import Literal
 
 from turnstile.shared.model_info import resolve_model_path
 from turnstile.shared.settings import nested, setting
+from turnstile.shared.speculative import Speculation, parse_speculation
 
 Policy = Literal["fcfs", "priority"]
 # The baseline continuous batching is measured against (docs/benchmarks.md): "padded" keeps a
@@ -82,12 +83,24 @@ class SchedulingConfig:
         "plan the next step while the executor runs this one (stops it reveals take effect a "
         "step later, unseen by clients); --no-async-scheduling: lockstep, as static batching",
     )
+    speculative_config: str | None = setting(
+        None,
+        'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": K, '
+        '"prompt_lookup_max": N, "prompt_lookup_min": M}: each decoding row verifies up to K '
+        "tokens drafted from its own earlier tokens in one step; plans then go in lockstep",
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {self.policy!r}")
         if self.static_batching not in (None, "padded", "compact"):
             raise ValueError(f"unknown static batching mode {self.static_batching!r}")
+        if self.speculation is not None and self.static_batching is not None:
+            raise ValueError("--speculative-config does not run with --static-batching")
+
+    @property
+    def speculation(self) -> Speculation | None:
+        return parse_speculation(self.speculative_config)
 
 
 @dataclass(slots=True, frozen=True)

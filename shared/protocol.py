@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -119,6 +119,16 @@ class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     lora: int = 0  # the LoRA adapter it runs (`shared/lora.py`); 0: the base model
 
 
+class Drafts(msgspec.Struct, array_like=True, frozen=True):
+    """Speculative decoding: each decoding row of `req_ids` appends its `counts` drafted tokens
+    (`tokens`, rows concatenated) before the step, computes them with its one missing token
+    (its override count is 1 + drafts) and samples after each; the result says which stood."""
+
+    req_ids: bytes
+    counts: bytes
+    tokens: bytes
+
+
 class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=1):
     """One step of the batch, as a diff against the executor's persistent batch.
 
@@ -126,7 +136,8 @@ class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True
     then every continuing row computes one token unless `override_ids` gives it
     `override_counts` tokens (a prefill chunk, or 0 when the budget ran out). Continuing rows take
     the blocks they newly need from `new_block_ids`, in row order. In steady decode the plan is a
-    step number and the new block ids (16 bytes plus 4 per id), whatever the batch size.
+    step number and the new block ids (17 bytes plus 4 per id), whatever the batch size.
+    `drafts` (speculative decoding) come before the counts are applied.
     """
 
     step: int
@@ -135,13 +146,17 @@ class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True
     new: list[NewRequest] = []
     override_ids: bytes = b""
     override_counts: bytes = b""
+    drafts: Drafts | None = None
 
 
 class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=2):
-    """Sampled ids for the rows that reached the end of their known tokens, in row order."""
+    """Sampled ids for the rows that reached the end of their known tokens, in row order.
+    With drafts, a row's ids are the drafts that stood and the token after them: `num_sampled`
+    says how many each row has (empty: one each), and `logprobs` follows `sampled`."""
 
     step: int
     sampled: bytes = b""
+    num_sampled: bytes = b""
     logprobs: list[list[tuple[int, float]]] = []
     prompt_logprobs: list[PromptLogprobs] = []
     refused: list[tuple[int, str]] = []  # (req_id, why): requests it cannot run (a grammar)

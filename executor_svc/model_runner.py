@@ -191,24 +191,29 @@ class ModelRunner:
             self.applier.commit(np.empty(0, dtype=np.int64))
             return ReadyStep(plan.step, StepResult(step=plan.step))
         step = self.upload(inputs, self._carry(inputs))
-        constrained = self.applier.batch.req_ids[inputs.sample_rows] if self.grammars else None
-        sampled, table, vectors = self.run(step, constrained)
+        drafted = self.applier.drafted
+        req_ids = self.applier.batch.req_ids[inputs.sample_rows]  # a sampled position's each
+        req_ids = req_ids if drafted is None else np.repeat(req_ids, drafted + 1)
+        grammars = bool(self.grammars)
+        sampled, table, vectors = self.run(step, req_ids if grammars else None)
         reserved = self.applier.reserve()
         prompt = step.sampling.host.prompt
         embedded = step.sampling.host.embed_rows
-        drafted = self.applier.drafted
-        req_ids = reserved.req_ids if drafted is None else np.repeat(reserved.req_ids, drafted + 1)
 
         def finish(tokens: np.ndarray, logprobs: Logprobs) -> StepResult:
-            counts = b""
-            if drafted is None:
-                self.applier.fill(reserved, tokens)
-            else:
+            counts, last = b"", tokens
+            if drafted is not None:
                 verified = self.applier.verify(reserved, drafted, tokens)
-                tokens, counts = tokens[verified.kept], pack_ids(verified.counts)
+                tokens, counts, last = (
+                    tokens[verified.kept],
+                    pack_ids(verified.counts),
+                    verified.last,
+                )
                 logprobs = [logprobs[i] for i in verified.kept.tolist()]
-            if constrained is not None:
-                self.grammars.accept(constrained, tokens)
+            else:
+                self.applier.fill(reserved, tokens)
+            if grammars:
+                self.grammars.accept(reserved.req_ids, last)
             prompt_logprobs = (
                 [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
             )

@@ -119,9 +119,8 @@ class PlanApplier:
         counts = unpack_ids(plan.drafts.counts).astype(np.int64)
         batch = self.batch
         slots = np.array([batch.slot_of[int(r)] for r in ids], dtype=np.int64)
-        decoding = (batch.num_tokens[slots] - batch.num_computed[slots] == 1).all()
-        if len(counts) != len(ids) or int(counts.sum()) != len(tokens) or not decoding:
-            raise ValueError("drafts that do not fit their decoding rows")
+        if len(counts) != len(ids) or int(counts.sum()) != len(tokens) or (counts < 1).any():
+            raise ValueError("drafts whose counts do not fit their rows or tokens")
         batch.append_drafts(slots, counts, tokens)
         per_slot = np.zeros(batch.capacity, dtype=np.int64)
         per_slot[slots] = counts

@@ -119,7 +119,10 @@ class Scheduler:
             preempt_for_higher_priority(self.lifecycle, self.config, budget)
         rows = self.batch.order
         steady = self._steady
-        drafts = None if self.drafter is None else self.drafter.propose(self.batch, rows)
+        # Drafts are made from tokens known, so only with no step in flight (in lockstep).
+        drafts = None
+        if self.drafter is not None and not self.lifecycle.in_flight:
+            drafts = self.drafter.propose(self.batch, rows)
         new_block_ids = self._schedule_decodes(rows) if steady and drafts is None else None
         if new_block_ids is not None:
             overridden = np.empty(0, dtype=np.int64)

@@ -115,7 +115,7 @@ def _take_drafted(
         lengths.append(length)
     slots, first = record.slots[live], (record.index - record.drafted)[live]
     emitted = [sampled[s : s + n] for s, n in zip(starts[live].tolist(), lengths, strict=True)]
-    batch.keep_drafted(slots, first, emitted)
+    lifecycle.pool.release(batch.keep_drafted(slots, first, emitted))
     if lifecycle.pool.enable_caching:
         for slot in record.still_prefilled(batch):
             lifecycle.prefix_cache.publish(slot)

@@ -71,9 +71,8 @@ class BatchTable:
 
     def decode_block_rows(self, rows: np.ndarray) -> np.ndarray:
         """In a steady decode step (every row computes one token), the rows that take a new
-        block: those whose computed tokens fill their blocks (a row whose drafts were turned
-        down may hold a block ahead)."""
-        return rows[self.num_computed[rows] >= self.num_blocks[rows] * self.block_size]
+        block: those whose computed tokens fill their blocks exactly."""
+        return rows[self.num_computed[rows] % self.block_size == 0]
 
     def samples(self, rows: np.ndarray) -> np.ndarray:
         """Which of `rows` sample a token once this step is computed: those whose every known
@@ -82,8 +81,7 @@ class BatchTable:
 
     def blocks_needed(self, rows: np.ndarray, scheduled: np.ndarray) -> np.ndarray:
         """Blocks each row must gain so its KV covers the tokens it computes this step."""
-        need = cdiv(self.num_computed[rows] + scheduled, self.block_size) - self.num_blocks[rows]
-        return np.maximum(need, 0)
+        return cdiv(self.num_computed[rows] + scheduled, self.block_size) - self.num_blocks[rows]
 
     def extend_blocks(self, rows: np.ndarray, need: np.ndarray, block_ids: np.ndarray) -> None:
         """Append `need[i]` ids of `block_ids` (taken in row order) to the table of `rows[i]`."""
@@ -115,14 +113,21 @@ class BatchTable:
         self.tokens[owners, self.num_tokens[owners] + within] = tokens
         self.num_tokens[slots] += counts
 
-    def keep_drafted(self, slots: np.ndarray, first: np.ndarray, emitted: list[np.ndarray]) -> None:
+    def keep_drafted(
+        self, slots: np.ndarray, first: np.ndarray, emitted: list[np.ndarray]
+    ) -> np.ndarray:
         """After a step with drafts: row `slots[i]`'s tokens from index `first[i]` on are
-        `emitted[i]` (the drafts that stood, then the token sampled after them). The KV of the
-        turned-down drafts is written over as the row goes on."""
+        `emitted[i]` (the drafts that stood, then the token sampled after them). Returns the
+        blocks that only turned-down drafts reached, which the rows no longer hold."""
+        dropped = []
         for slot, start, tokens in zip(slots.tolist(), first.tolist(), emitted, strict=True):
             self.tokens[slot, start : start + len(tokens)] = tokens
             self.num_tokens[slot] = start + len(tokens)
             self.num_computed[slot] = start + len(tokens) - 1
+            keep = int(cdiv(self.num_computed[slot], self.block_size))
+            dropped.append(self.block_table[slot, keep : self.num_blocks[slot]][::-1])
+            self.num_blocks[slot] = keep
+        return np.concatenate(dropped) if dropped else np.empty(0, dtype=np.int64)
 
     def known_tokens(self, slot: int) -> np.ndarray:
         return self.tokens[slot, : self.num_tokens[slot]]

@@ -100,8 +100,21 @@ class Harness:
             self.sent.append(self.send())
         plan = self.sent.popleft()
         result = _result_decoder.decode(_encoder.encode(self.executor.execute(plan)))
+        if plan.drafts is not None:
+            self._follow_drafts(plan)
         self._record(self.scheduler.update(result))
         return plan
+
+    def _follow_drafts(self, plan: BatchPlan) -> None:
+        """A drafted row's computed tokens and blocks depend on its result (the drafts that
+        stood): the plans' mirror takes them from the executor."""
+        assert plan.drafts is not None
+        executed, planned = self.executor.applier.batch, self.planned.batch
+        for req_id in unpack_ids(plan.drafts.req_ids).tolist():
+            if req_id in executed.slot_of and req_id in planned.slot_of:
+                ours, theirs = planned.slot_of[req_id], executed.slot_of[req_id]
+                planned.num_computed[ours] = executed.num_computed[theirs]
+                planned.num_blocks[ours] = executed.num_blocks[theirs]
 
     def send(self) -> BatchPlan:
         """A plan, as the executor decodes it; the plans' own mirror applies it."""

@@ -14,7 +14,9 @@ from turnstile.shared.protocol import AddRequest, BatchPlan, StepResult
 from turnstile.shared.settings import build
 
 
-def scheduler_for(runner: ModelRunner, requests: list[AddRequest], **config: int) -> Scheduler:
+def scheduler_for(
+    runner: ModelRunner, requests: list[AddRequest], **config: int | str
+) -> Scheduler:
     """A scheduler over the runner's KV cache (blocks of 16), holding `requests`."""
     scheduler = Scheduler(
         build(

@@ -24,6 +24,7 @@ from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, StepInFlight
+from turnstile.offline import run_steps
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.protocol import AddRequest, BatchPlan, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
@@ -136,6 +137,33 @@ def test_a_step_with_lora_adapters_stays_on_the_device(
 ) -> None:
     kinds = _steps(lora_runner, monkeypatch)
     assert {"prefill", "decode"} in kinds and {"decode"} in kinds
+
+
+def test_a_step_verifying_drafts_stays_on_the_device(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speculative decoding: rows verify drafted tokens (meta samples token 42 throughout, so
+    drafts of it stand), beside a grammar's row, which never drafts; every drafted position
+    samples on the device."""
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    requests = [
+        AddRequest(req_id=i, prompt_ids=pack_ids([5 + i] * 9 + [42]), max_tokens=9,
+                   ignore_eos=True, sampling=params)
+        for i, params in enumerate(PARAMS)
+    ]  # fmt: skip
+    scheduler = scheduler_for(runner, requests, max_num_seqs=8, speculative_config=ngram)
+    positions = []
+
+    def launch(plan: BatchPlan) -> PendingStep:
+        launched = runner.launch(plan)
+        assert isinstance(launched, StepInFlight)
+        assert launched.sampled.tokens.device.type == "meta"
+        positions.append(launched.sampled.tokens.shape[0] - len(launched.rows))
+        return launched
+
+    answered = [answer for answer, _ in run_steps(scheduler, launch, ahead=1)]
+    assert not any(answer.refused for answer in answered)
+    assert scheduler.stats.spec_accepted_tokens > 0 and max(positions) > 0
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,17 @@ answer is the one plain decoding gives, token for token, greedy or seeded."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
+import openai
 import pytest
+from conftest import MODEL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduler_harness import Harness, expected_output
 
+from turnstile.bench.server_process import launched_server
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import Completion, OfflineEngine
 from turnstile.scheduler_svc.ngram_drafter import lookup
@@ -164,3 +168,31 @@ def test_answers_equal_plain_decodings_token_for_token(
     stats = speculating.scheduler.stats
     assert 0 < stats.spec_accepted_tokens - before < stats.spec_draft_tokens
     assert speculating.scheduler.pool.num_used == 0
+
+
+@pytest.mark.slow
+def test_served_answers_stream_whole_and_metrics_count_the_drafts(
+    engines: tuple[OfflineEngine, OfflineEngine, Tokenizer],
+) -> None:
+    plain, _, tokenizer = engines
+    prompt = tokenizer.encode(f"Text: {TEXT}\nThe same text again:")
+    expected = plain.generate([AddRequest(0, pack_ids(prompt), 40)])[0].token_ids
+    with launched_server("--speculative-config", NGRAM, "--max-num-seqs", "8") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        ask = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0}
+        whole = client.completions.create(**ask, extra_body={"return_token_ids": True})
+        streamed = client.completions.create(
+            **ask, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(streamed)
+        drafts = "turnstile:spec_decode_num_drafts_total"
+        deadline = time.monotonic() + 30  # the counters reach /metrics with a later status
+        while (series := server.scrape()).get(drafts, 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert whole.choices[0].token_ids == expected  # type: ignore[attr-defined]
+    assert whole.usage is not None and whole.usage.completion_tokens == len(expected)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(expected)
+    accepted = series["turnstile:spec_decode_num_accepted_tokens_total"]
+    assert 0 < accepted < series["turnstile:spec_decode_num_draft_tokens_total"]
+    assert series[drafts] > 0

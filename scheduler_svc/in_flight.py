@@ -70,6 +70,14 @@ class StepInFlight:
         """Which sampling rows are still the rows they were."""
         return batch.admission[self.slots] == self.admissions
 
+    def forget_drafts(self, batch: RunningBatch) -> None:
+        """The step will never answer (its executor died): its rows' drafts, unverified, are
+        not theirs to resume with; nor is the token after them."""
+        drafting = np.flatnonzero(self.drafted)
+        if len(drafting):
+            live = drafting[self.live(batch)[drafting]]
+            batch.num_tokens[self.slots[live]] = (self.index - self.drafted)[live]
+
     def still_prefilled(self, batch: RunningBatch) -> list[int]:
         keep = batch.admission[self.prefilled] == self.prefilled_admissions
         return self.prefilled[keep].tolist()

@@ -122,6 +122,8 @@ class RequestLifecycle:
         "failed": a request that kills its executor cannot take the service down."""
         if failure and self.in_flight:
             self._blame(failure)
+        for record in self.in_flight:
+            record.forget_drafts(self.batch)
         slots = self.batch.order.tolist()
         released = [self.batch.release(slot, keep_tokens=True)[0] for slot in slots]
         running = [req for req in released if req.status is Status.RUNNING]

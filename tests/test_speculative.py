@@ -196,3 +196,25 @@ def test_served_answers_stream_whole_and_metrics_count_the_drafts(
     accepted = series["turnstile:spec_decode_num_accepted_tokens_total"]
     assert 0 < accepted < series["turnstile:spec_decode_num_draft_tokens_total"]
     assert series[drafts] > 0
+
+
+def test_a_drafted_step_lost_with_its_executor_leaves_no_draft_behind() -> None:
+    """The step verifying drafts never answers: its rows resume from their verified tokens."""
+    harness = Harness(
+        build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
+              max_num_batched_tokens=16, max_model_len=64, speculative_config=NGRAM),
+        {i: 30 for i in range(3)},
+    )  # fmt: skip
+    for i in range(3):
+        harness.add(i, expected_output(i, 10**6, 12)[0], max_tokens=20)
+    while harness.step().drafts is None:
+        pass
+    assert harness.scheduler.schedule().drafts is not None  # lost with the executor
+    harness.scheduler.restart(harness.scheduler.pool.num_blocks, failure="lost")
+    harness.replace_executor()
+    harness.run()
+    for i in range(3):
+        assert (harness.tokens[i], harness.endings[i]) == (
+            expected_output(i, 30, 20)[0],
+            ["length"],
+        )

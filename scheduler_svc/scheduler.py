@@ -5,7 +5,8 @@ oldest step in flight, fills in the sampled tokens, ends requests that hit a sto
 returns their `EngineOutputs`. The next step may be planned before the last one's result is
 back (async scheduling): the stops it reveals then take effect one step later.
 Steady decode is vector arithmetic over the running batch; Python loops only run over events
-(a new block, an admission, an ending, a preemption).
+(a new block, an admission, an ending, a preemption). With speculative decoding a decoding row
+also computes the tokens `ngram_drafter.py` drafts for it, and the result says which stood.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_dashboard_queries_only_series_that_exist() -> None:
         "turnstile:prefix_cache_hits_total", "turnstile:num_preemptions_total",
         "turnstile:scheduler_step_seconds_bucket", "turnstile:executor_step_seconds_bucket",
         "turnstile:plan_bytes_bucket", "turnstile:executor_idle_seconds_sum",
-        "turnstile:scheduler_plans_in_flight",
+        "turnstile:scheduler_plans_in_flight", "turnstile:spec_decode_num_accepted_tokens_total",
     ):  # fmt: skip
         assert series in exprs
 

@@ -73,17 +73,10 @@ def test_drafted_steps_keep_every_output_exact_and_every_block_accounted(
     script's EOS (or a stop token) turns one down; few blocks, so rows are also preempted."""
     lengths = {i: 8 + (seed + i) % 16 for i in range(6)}
     harness = Harness(
-        build(
-            SchedulerConfig,
-            num_blocks=10,
-            block_size=4,
-            max_num_seqs=6,
-            max_num_batched_tokens=16,
-            max_model_len=64,
-            speculative_config=NGRAM,
-        ),
+        build(SchedulerConfig, num_blocks=10, block_size=4, max_num_seqs=6,
+              max_num_batched_tokens=16, max_model_len=64, speculative_config=NGRAM),
         lengths,
-    )
+    )  # fmt: skip
     expected = {}
     for i in range(6):
         prompt = expected_output(i, 10**6, 12)[0]

@@ -98,7 +98,10 @@ class Harness:
         result back."""
         while len(self.sent) <= self.ahead and (self.scheduler.has_work or not self.sent):
             self.sent.append(self.send())
-        plan = self.sent.popleft()
+        return self.step_sent(self.sent.popleft())
+
+    def step_sent(self, plan: BatchPlan) -> BatchPlan:
+        """Run a plan already sent, and take its result back."""
         result = _result_decoder.decode(_encoder.encode(self.executor.execute(plan)))
         if plan.drafts is not None:
             self._follow_drafts(plan)

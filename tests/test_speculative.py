@@ -211,3 +211,22 @@ def test_a_drafted_step_lost_with_its_executor_leaves_no_draft_behind() -> None:
             expected_output(i, 30, 20)[0],
             ["length"],
         )
+
+
+def test_a_row_aborted_while_its_drafts_are_verified_leaves_nothing_behind() -> None:
+    harness = Harness(
+        build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
+              max_num_batched_tokens=16, max_model_len=64, speculative_config=NGRAM),
+        {i: 30 for i in range(2)},
+    )  # fmt: skip
+    for i in range(2):
+        harness.add(i, expected_output(i, 10**6, 12)[0], max_tokens=20)
+    while (plan := harness.send()).drafts is None:
+        harness.step_sent(plan)
+    harness.abort(0)  # the gateway's client left: its drafts' step still runs
+    harness.step_sent(plan)
+    harness.run()
+    assert harness.endings[0] == ["abort"] and harness.endings[1] == ["length"]
+    assert harness.tokens[1] == expected_output(1, 30, 20)[0]
+    assert harness.tokens[0] == expected_output(0, 30, 20)[0][: len(harness.tokens[0])]
+    assert harness.scheduler.pool.num_used == 0

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from turnstile.scheduler_svc.running_batch import RunningBatch
-from turnstile.shared.protocol import Drafts as PlanDrafts
-from turnstile.shared.protocol import pack_ids
+from turnstile.shared.protocol import PlanDrafts, pack_ids
 from turnstile.shared.speculative import Speculation
 
 

@@ -119,7 +119,7 @@ class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     lora: int = 0  # the LoRA adapter it runs (`shared/lora.py`); 0: the base model
 
 
-class Drafts(msgspec.Struct, array_like=True, frozen=True):
+class PlanDrafts(msgspec.Struct, array_like=True, frozen=True):
     """Speculative decoding: each decoding row of `req_ids` appends its `counts` drafted tokens
     (`tokens`, rows concatenated) before the step, computes them with its one missing token
     (its override count is 1 + drafts) and samples after each; the result says which stood."""
@@ -146,7 +146,7 @@ class BatchPlan(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True
     new: list[NewRequest] = []
     override_ids: bytes = b""
     override_counts: bytes = b""
-    drafts: Drafts | None = None
+    drafts: PlanDrafts | None = None
 
 
 class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=2):

@@ -128,9 +128,10 @@ class ModelRunner:
         params = [self.applier.sampling[slot] for slot in rows.tolist()]
 
         def history(row: int) -> tuple[np.ndarray, np.ndarray]:
-            slot = rows[row]
-            tokens = table.tokens[slot, : table.num_tokens[slot]]
-            return tokens[: table.num_prompt[slot]], tokens[table.num_prompt[slot] :]
+            """A position's tokens before it: a draft's include the drafts ahead of it."""
+            slot, prompt = rows[row], table.num_prompt[rows[row]]
+            tokens = table.tokens[slot, : prompt + output_index[row]]
+            return tokens[:prompt], tokens[prompt:]
 
         adjusting = np.flatnonzero(self.applier.adjusts[rows])
         sampling = SamplingArrays.build(

@@ -9,13 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstile.scheduler_svc.block_pool import salt_root
-from turnstile.shared.protocol import (
-    AddRequest,
-    SamplingParams,
-    adjusts_logits,
-    constrains,
-    unpack_ids,
-)
+from turnstile.shared.protocol import AddRequest, SamplingParams, constrains, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
@@ -51,9 +45,9 @@ class Request:
     # only within one salt and one adapter, whose KV differs. 0: neither.
     cache_root: int = 0
     lora: int = 0  # its LoRA adapter; 0: none
-    # Whether it may verify drafted tokens (speculative decoding): not where a token's logits
-    # depend on the tokens before it beyond the model (penalties, bad words, min_tokens, a
-    # grammar, a thinking budget), nor for its prompt's logprobs or an embedding.
+    # Whether it may verify drafted tokens (speculative decoding): not under a grammar or a
+    # thinking budget (their matchers follow tokens on the host), nor for its prompt's logprobs
+    # or an embedding.
     speculates: bool = False
 
     @classmethod
@@ -86,10 +80,7 @@ class Request:
 
 
 def may_speculate(sampling: SamplingParams) -> bool:
-    return not (
-        adjusts_logits(sampling) or constrains(sampling) or sampling.embed
-        or sampling.prompt_logprobs is not None
-    )  # fmt: skip
+    return not (constrains(sampling) or sampling.embed or sampling.prompt_logprobs is not None)
 
 
 def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:

@@ -132,13 +132,19 @@ def test_answers_equal_plain_decodings_token_for_token(
         "greedy": (copy, SamplingParams(), 60, []),
         "seeded": (copy, SamplingParams(temperature=0.7, top_p=0.9, top_k=50, seed=11), 60, []),
         "logprobs": (count, SamplingParams(logprobs=3), 30, []),
-        "penalized": (count, SamplingParams(frequency_penalty=0.5), 30, []),  # never drafts
+        # a draft's penalties count the drafts ahead of it
+        "penalized": (copy, SamplingParams(frequency_penalty=0.3, presence_penalty=0.2), 40, []),
+        "repeating": (copy, SamplingParams(repetition_penalty=1.1), 40, []),
         "cut": (copy, SamplingParams(), 13, []),
         # a grammar's row never drafts; its mask goes to its own position among the drafts'
         "grammar": (count, SamplingParams(grammar=Grammar("regex", "( [0-9]+,){1,9}")), 20, []),
     }
     first = plain.generate([AddRequest(0, copy, 60)])[0].token_ids
     stop = next(t for i, t in enumerate(first) if i >= 6 and t not in first[:i])
+    # a bad word's last token is banned only after the rest, which a draft may hold
+    asks["bad words"] = (copy, SamplingParams(bad_words=[first[8:11]]), 40, [])
+    eos = list(plain.runner.info.all_eos_token_ids)
+    asks["min_tokens"] = (count, SamplingParams(min_tokens=25, min_tokens_stop_ids=eos), 30, [])
     asks["stopped"] = (copy, SamplingParams(), 60, [stop])
 
     def run(engine: OfflineEngine) -> list[Completion]:
@@ -191,15 +197,22 @@ def test_served_answers_stream_whole_and_metrics_count_the_drafts(
     assert series[drafts] > 0
 
 
-def test_a_drafted_step_lost_with_its_executor_leaves_no_draft_behind() -> None:
-    """The step verifying drafts never answers: its rows resume from their verified tokens."""
+def drafting(requests: int) -> Harness:
+    """Requests whose prompts are their scripts' first 12 tokens (drafts stand), each to run
+    20 tokens of a 30-token script."""
     harness = Harness(
         build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
               max_num_batched_tokens=16, max_model_len=64, speculative_config=NGRAM),
-        {i: 30 for i in range(3)},
+        {i: 30 for i in range(requests)},
     )  # fmt: skip
-    for i in range(3):
+    for i in range(requests):
         harness.add(i, expected_output(i, 10**6, 12)[0], max_tokens=20)
+    return harness
+
+
+def test_a_drafted_step_lost_with_its_executor_leaves_no_draft_behind() -> None:
+    """The step verifying drafts never answers: its rows resume from their verified tokens."""
+    harness = drafting(3)
     while harness.step().drafts is None:
         pass
     assert harness.scheduler.schedule().drafts is not None  # lost with the executor
@@ -214,13 +227,7 @@ def test_a_drafted_step_lost_with_its_executor_leaves_no_draft_behind() -> None:
 
 
 def test_a_row_aborted_while_its_drafts_are_verified_leaves_nothing_behind() -> None:
-    harness = Harness(
-        build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
-              max_num_batched_tokens=16, max_model_len=64, speculative_config=NGRAM),
-        {i: 30 for i in range(2)},
-    )  # fmt: skip
-    for i in range(2):
-        harness.add(i, expected_output(i, 10**6, 12)[0], max_tokens=20)
+    harness = drafting(2)
     while (plan := harness.send()).drafts is None:
         harness.step_sent(plan)
     harness.abort(0)  # the gateway's client left: its drafts' step still runs

@@ -19,10 +19,7 @@ import torch
 import torch.distributed as dist
 
 from turnstile.shared.model_info import ModelInfo
-
-
-class ShardingError(ValueError):
-    """A model that cannot be split this many ways; raised at start, naming the shape."""
+from turnstile.shared.sharding import check_sharding
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,23 +77,7 @@ class TensorParallel:
 
     def check(self, info: ModelInfo) -> None:
         """Refuse, by name, a model this many ranks cannot split evenly."""
-        size = self.size
-        if info.num_heads % size:
-            raise ShardingError(
-                f"--tensor-parallel-size {size} does not divide the {info.num_heads} query heads"
-            )
-        kv = info.num_kv_heads
-        if (size <= kv and kv % size) or (size > kv and size % kv):
-            raise ShardingError(
-                f"--tensor-parallel-size {size} and the {kv} KV heads: one must divide the other"
-            )
-        for width, what in ((info.intermediate_size, "MLP's"),
-                            (info.expert_intermediate_size, "experts'")):  # fmt: skip
-            if width % size:
-                raise ShardingError(
-                    f"--tensor-parallel-size {size} does not divide the {what} "
-                    f"{width} intermediate dims"
-                )
+        check_sharding(info, self.size)
 
 
 def broke_group(error: BaseException) -> bool:

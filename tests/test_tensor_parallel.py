@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,10 +19,11 @@ from test_failures import run_with_fault, wait_until_whole
 
 from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
-from turnstile.executor_svc.tensor_parallel import ShardingError, TensorParallel
+from turnstile.executor_svc.tensor_parallel import TensorParallel
 from turnstile.scheduler_svc.executor_link import ExecutorLink
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.protocol import PROTOCOL_VERSION, Register
+from turnstile.shared.sharding import ShardingError
 
 pytestmark = pytest.mark.slow  # starts stacks
 
@@ -139,6 +142,14 @@ def test_a_model_the_ranks_cannot_split_is_refused_naming_its_shape() -> None:
     TensorParallel(0, 3).check(info)
     with pytest.raises(ShardingError, match="9 query heads"):
         TensorParallel(0, 2).check(info)
+    # serve refuses it before any service starts, not after its executor dies at load
+    started = subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "serve", "--tensor-parallel-size", "2",
+         "--port", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert started.returncode != 0 and "does not divide the 9 query heads" in started.stderr
+    assert "executor" not in started.stderr
 
 
 def test_a_rank_started_with_other_num_blocks_is_refused_by_name(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.settings import nested, setting
+from turnstile.shared.sharding import check_sharding
 from turnstile.shared.tokenizer import Tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
 
@@ -160,6 +161,7 @@ def serve(config: ServeConfig) -> None:
                 f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({seqs}): "
                 "each decode computes a token a step"
             )
+        check_sharding(info, config.engine.tensor_parallel_size)
         lora_adapters(config.lora, info, config.engine.tensor_parallel_size)  # each one checked
         if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
             ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)

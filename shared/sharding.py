@@ -1,0 +1,30 @@
+"""Which models a number of tensor-parallel ranks can split evenly: checked by `serve` before any
+service starts, and by each executor rank (`executor_svc/tensor_parallel.py`)."""
+
+from __future__ import annotations
+
+from turnstile.shared.model_info import ModelInfo
+
+
+class ShardingError(ValueError):
+    """A model that cannot be split this many ways; raised at start, naming the shape."""
+
+
+def check_sharding(info: ModelInfo, size: int) -> None:
+    """Refuse, by name, a model `size` ranks cannot split evenly."""
+    if info.num_heads % size:
+        raise ShardingError(
+            f"--tensor-parallel-size {size} does not divide the {info.num_heads} query heads"
+        )
+    kv = info.num_kv_heads
+    if (size <= kv and kv % size) or (size > kv and size % kv):
+        raise ShardingError(
+            f"--tensor-parallel-size {size} and the {kv} KV heads: one must divide the other"
+        )
+    for width, what in ((info.intermediate_size, "MLP's"),
+                        (info.expert_intermediate_size, "experts'")):  # fmt: skip
+        if width % size:
+            raise ShardingError(
+                f"--tensor-parallel-size {size} does not divide the {what} {width} "
+                "intermediate dims"
+            )

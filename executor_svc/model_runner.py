@@ -15,13 +15,14 @@ from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.model.weights import load_weights
-from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs, spread
+from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep, StepInFlight
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
+from turnstile.shared.batch_table import spread
 from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.model_info import ModelInfo, read_model_info
 from turnstile.shared.protocol import (

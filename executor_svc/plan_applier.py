@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from turnstile.shared.batch_table import BatchTable, cdiv
+from turnstile.shared.batch_table import BatchTable, cdiv, spread
 from turnstile.shared.protocol import BatchPlan, SamplingParams, adjusts_logits, unpack_ids
 
 
@@ -202,16 +202,6 @@ class PlanApplier:
         if self.lora[rows].any():
             inputs.lora_tokens, inputs.lora_segments = _by_adapter(self.lora[owner])
         return inputs
-
-
-def spread(last: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Each row's `counts[i]` consecutive values ending at `last[i]`, rows concatenated."""
-    total = int(counts.sum())
-    return (
-        np.repeat(last - counts + 1, counts)
-        + np.arange(total)
-        - np.repeat(np.cumsum(counts) - counts, counts)
-    )
 
 
 def _by_adapter(adapters: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:

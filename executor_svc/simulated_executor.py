@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from turnstile.executor_svc.plan_applier import PlanApplier, spread
+from turnstile.executor_svc.plan_applier import PlanApplier
+from turnstile.shared.batch_table import spread
 from turnstile.shared.protocol import BatchPlan, StepResult, pack_ids
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from turnstile.scheduler_svc.running_batch import RunningBatch
+from turnstile.shared.batch_table import within_rows
 from turnstile.shared.protocol import PlanDrafts, pack_ids
 from turnstile.shared.speculative import Speculation
 
@@ -41,9 +42,7 @@ class Drafts:
         keep = counts > 0
         if not keep.any():
             return None
-        within = np.arange(len(self.tokens)) - np.repeat(np.cumsum(self.counts) - self.counts,
-                                                         self.counts)  # fmt: skip
-        taken = self.tokens[within < np.repeat(counts, self.counts)]
+        taken = self.tokens[within_rows(self.counts) < np.repeat(counts, self.counts)]
         return Drafts(self.slots[keep], counts[keep], taken)
 
     def message(self, batch: RunningBatch) -> PlanDrafts:

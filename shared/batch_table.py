@@ -14,6 +14,16 @@ def cdiv(a: np.ndarray | int, b: int) -> np.ndarray | int:
     return -(-a // b)
 
 
+def within_rows(counts: np.ndarray) -> np.ndarray:
+    """For rows of `counts[i]` entries laid end to end, each entry's index within its row."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def spread(last: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each row's `counts[i]` consecutive values ending at `last[i]`, rows concatenated."""
+    return np.repeat(last - counts + 1, counts) + within_rows(counts)
+
+
 class BatchTable:
     def __init__(self, capacity: int, max_model_len: int, block_size: int) -> None:
         self.capacity = capacity
@@ -92,7 +102,7 @@ class BatchTable:
         owners = np.repeat(rows, need)
         cols = self.num_blocks[owners]
         if len(block_ids) > np.count_nonzero(need):  # some row takes several blocks
-            cols += np.arange(len(block_ids)) - np.repeat(np.cumsum(need) - need, need)
+            cols += within_rows(need)
         self.block_table[owners, cols] = block_ids
         self.num_blocks[rows] += need
 
@@ -109,8 +119,7 @@ class BatchTable:
         """Speculative decoding: `counts[i]` drafted tokens (`tokens`, rows concatenated) after
         the known tokens of `slots[i]`, computed this step as if they were known."""
         owners = np.repeat(slots, counts)
-        within = np.arange(len(tokens)) - np.repeat(np.cumsum(counts) - counts, counts)
-        self.tokens[owners, self.num_tokens[owners] + within] = tokens
+        self.tokens[owners, self.num_tokens[owners] + within_rows(counts)] = tokens
         self.num_tokens[slots] += counts
 
     def keep_drafted(

@@ -8,6 +8,9 @@
 # base model alone under the same load. TURNSTILE_DTYPE
 # picks Turnstile's weights for the throughput rounds (default: as it ships, the GGUF blocks);
 # vLLM runs float32 on an AVX2-only CPU (its bf16 needs AVX512-BF16), else bfloat16.
+# RUNTIME=1: neither names the adapter at start; each loads it through vLLM's
+# /v1/load_lora_adapter once up (ours with --allow-runtime-lora-updating, vLLM's with
+# VLLM_ALLOW_RUNTIME_LORA_UPDATING), the call's time printed.
 #   usage: bench/lora_vs_vllm.sh [ROUNDS=1] [NUM_PROMPTS=64] [MAX_CONCURRENCY=32] [bench args]
 set -euo pipefail
 rounds=${1:-1}; prompts=${2:-64}; concurrency=${3:-32}; shift $(( $# > 3 ? 3 : $# )) || true
@@ -18,14 +21,23 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SP
 .venv/bin/python -c "import sys; from pathlib import Path; from turnstile.bench import random_llama
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 random_llama.lora(Path(sys.argv[1]), read_model_info(embedded_model_path()))" "$out/adapter"
-lora=(--enable-lora --lora-modules "fruity=$out/adapter" --max-lora-rank 8)
+lora=(--enable-lora --lora-modules "fruity=$out/adapter" --max-lora-rank 8); ours=()
+if [ -n "${RUNTIME:-}" ]; then
+  lora=(--enable-lora --max-lora-rank 8); ours=(--allow-runtime-lora-updating)
+  export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+fi
 start() {  # turnstile-dtype vllm-dtype
-  .venv/bin/turnstile serve --host 127.0.0.1 --port 8000 ${1:+--dtype "$1"} "${lora[@]}" \
+  .venv/bin/turnstile serve --host 127.0.0.1 --port 8000 ${1:+--dtype "$1"} "${lora[@]}" "${ours[@]}" \
     > "$out"/turnstile.log 2>&1 & ts_pid=$!
   "$P"/bin/vllm serve "$P"/smollm2-hf --host 127.0.0.1 --port 8100 --dtype "$2" \
     --max-model-len 2048 "${lora[@]}" > "$out"/vllm.log 2>&1 & v_pid=$!
   for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
     for _ in $(seq 600); do curl -sf "$url" >/dev/null && break; sleep 1; done
+  done
+  [ -z "${RUNTIME:-}" ] || for port in 8000 8100; do
+    curl -sf -w " (%{time_total} s, port $port)\n" -H 'Content-Type: application/json' \
+      -d "{\"lora_name\": \"fruity\", \"lora_path\": \"$out/adapter\"}" \
+      "http://127.0.0.1:$port/v1/load_lora_adapter"
   done
 }
 stop() { kill -TERM "$ts_pid" "$v_pid"; wait "$ts_pid" "$v_pid" 2>/dev/null || true; ts_pid=; v_pid=; }

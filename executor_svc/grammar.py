@@ -65,7 +65,7 @@ class Grammars:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._compiler: Any = None  # xgrammar.GrammarCompiler, built in the pool's thread
         self._rows: dict[int, _Row] = {}
-        self._refused: list[tuple[int, str]] = []
+        self._refused: list[tuple[int, str, str]] = []
         self._mask = torch.empty(0, dtype=torch.int32)
 
     def __bool__(self) -> bool:
@@ -133,9 +133,9 @@ class Grammars:
             else:  # cannot happen while every live row is masked; end it rather than go on
                 self._fail(req_id, row, f"the grammar refused token {token}, which it allowed")
 
-    def take_refused(self) -> list[tuple[int, str]]:
-        """(req_id, why) for the requests whose grammar failed them since the last call (it did
-        not compile, or refused a token)."""
+    def take_refused(self) -> list[tuple[int, str, str]]:
+        """(req_id, "grammar", why) for the requests whose grammar failed them since the last
+        call (it did not compile, or refused a token)."""
         refused, self._refused = self._refused, []
         return refused
 
@@ -165,7 +165,7 @@ class Grammars:
 
     def _fail(self, req_id: int, row: _Row, why: str) -> None:
         row.failed = True
-        self._refused.append((req_id, why))
+        self._refused.append((req_id, "grammar", why))
 
     def _compile(self, grammar: Grammar) -> Any:
         started = time.perf_counter()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import torch
 
+from turnstile.executor_svc.adapters import Adapters
 from turnstile.executor_svc.backend import DTYPES, DeviceStep
 from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.cpu_runtime import zero_pages
@@ -79,10 +80,13 @@ class ModelRunner:
         self.kv_caches = [
             (self._zeros(shape), self._zeros(shape)) for _ in range(self.info.num_layers)
         ]
-        adapters = lora_adapters(config.lora, self.info, engine.tensor_parallel_size)
-        self.num_loras = len(adapters)
-        lora = LoraWeights(adapters, self.info, self.model.activation_dtype, self.device)
-        self.backend.bind(self.model, self.kv_caches, lora if adapters else None)
+        self.enable_lora = config.lora.enable_lora
+        dtype = self.model.activation_dtype
+        lora = LoraWeights(self.info, dtype, self.device) if self.enable_lora else None
+        self.adapters = Adapters(config.lora, self.info, lora)
+        named = lora_adapters(config.lora, self.info, engine.tensor_parallel_size)
+        self.adapters.preload([adapter.ref for adapter in named])
+        self.backend.bind(self.model, self.kv_caches, lora)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
         self.grammars = Grammars(config.model_path, self.info)
         self._in_flight: list[StepInFlight] = []  # launched, oldest first, not yet settled
@@ -105,6 +109,7 @@ class ModelRunner:
         )
         self.applier.step = first_step - 1
         self.grammars.clear()
+        self.adapters.take_refused()  # the old batch's
         self._in_flight = []
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -187,7 +192,8 @@ class ModelRunner:
         if self._in_flight and self._needs_tokens(plan):
             self._in_flight[-1].result()
         self._in_flight = [flight for flight in self._in_flight if not flight.settled]
-        inputs = self.applier.apply(plan)
+        in_use = self.applier.lora[self.applier.batch.order]
+        inputs = self.applier.apply(plan, self.adapters.slots_for(plan.new, in_use))
         self.follow_grammars(plan)
         if len(inputs.rows) == 0:
             self.applier.commit(np.empty(0, dtype=np.int64))
@@ -225,7 +231,7 @@ class ModelRunner:
                 num_sampled=counts,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
-                refused=self.grammars.take_refused(),
+                refused=self.grammars.take_refused() + self.adapters.take_refused(),
                 embeddings=embeddings(req_ids, embedded, vectors),
             )
 

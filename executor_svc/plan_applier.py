@@ -6,7 +6,9 @@ runner only wraps the arrays it returns in tensors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -38,6 +40,7 @@ class StepInputs:
     lora_segments: tuple[tuple[int, int, int], ...] = ()
 
 
+EMPTY: Mapping[int, int] = MappingProxyType({})
 HOLE = -1  # a token sampled by a step still running: known on the device only
 
 
@@ -72,7 +75,9 @@ class PlanApplier:
         self._sample_rows = np.empty(0, dtype=np.int64)
         self.drafted: np.ndarray | None = None  # the last step's drafts per sampling row
 
-    def apply(self, plan: BatchPlan) -> StepInputs:
+    def apply(self, plan: BatchPlan, adapter_slots: Mapping[int, int] = EMPTY) -> StepInputs:
+        """The plan onto the batch; `adapter_slots`: the slot of each joining request's LoRA
+        adapter, by request id (`executor_svc/adapters.py`), none for the base model."""
         if plan.step != self.step + 1:
             raise PlanError(f"plan for step {plan.step}; expected step {self.step + 1}")
         batch = self.batch
@@ -88,7 +93,7 @@ class PlanApplier:
                 )
                 self.sampling[slot] = new.sampling
                 self.adjusts[slot] = adjusts_logits(new.sampling)
-                self.lora[slot] = new.lora
+                self.lora[slot] = adapter_slots.get(new.req_id, 0)
                 self.wants_prompt_logprobs |= new.sampling.prompt_logprobs is not None
             drafts = self._append_drafts(plan)
             rows = batch.order

@@ -23,7 +23,7 @@ from turnstile.gateway_svc.openai_api import parse_body, truncated
 from turnstile.gateway_svc.request_ids import answer_id, answered
 from turnstile.gateway_svc.request_types import Unused
 from turnstile.gateway_svc.served_models import ServedModels
-from turnstile.shared.protocol import AddRequest, Embedding, SamplingParams, pack_ids
+from turnstile.shared.protocol import AddRequest, Embedding, LoraRef, SamplingParams, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
 MAX_INPUTS = 2048  # in one request, as OpenAI's limit
@@ -177,7 +177,7 @@ class Embeddings:
         return vector.tolist()
 
 
-def _embedding_request(ids: list[int], lora: int) -> AddRequest:
+def _embedding_request(ids: list[int], lora: LoraRef | None) -> AddRequest:
     """One input for the scheduler: its prompt computed (with the adapter `lora`), one token
     sampled and dropped."""
     return AddRequest(req_id=0, prompt_ids=pack_ids(ids), max_tokens=1, sampling=EMBED,

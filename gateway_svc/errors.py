@@ -33,6 +33,7 @@ class ApiError(Exception):
 REFUSALS = {
     "error": (400, "invalid_request_error", {}),
     "grammar": (400, "invalid_request_error", {}),
+    "adapter": (400, "invalid_request_error", {}),  # its LoRA adapter does not load
     "overloaded": (429, "rate_limit_exceeded", {"Retry-After": "1"}),
     "unavailable": (503, "service_unavailable", {"Retry-After": "5"}),
     "timeout": (504, "timeout", {}),
@@ -43,4 +44,5 @@ REFUSALS = {
 def refusal(reason: str, message: str, param: str | None = None) -> ApiError:
     """The client's error for a request the scheduler refused or could not end (REFUSALS)."""
     status, kind, headers = REFUSALS[reason]
+    param = param or ("model" if reason == "adapter" else None)
     return ApiError(status, message, kind, headers=dict(headers), param=param)

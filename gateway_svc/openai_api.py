@@ -17,7 +17,7 @@ from turnstile.gateway_svc.request_types import (
 from turnstile.gateway_svc.sampling_fields import sampling_params
 from turnstile.gateway_svc.token_requests import TokenizeChat
 from turnstile.gateway_svc.tool_calls import template_message, template_tools
-from turnstile.shared.protocol import AddRequest, Grammar, SchedulerStatus, pack_ids
+from turnstile.shared.protocol import AddRequest, Grammar, LoraRef, SchedulerStatus, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
 Request = CompletionRequest | ChatCompletionRequest
@@ -155,14 +155,14 @@ def engine_request(
     kv_tokens: int | None = None,
     grammar: Grammar | None = None,
     think_end: int = -1,
-    lora: int = 0,
+    lora: LoraRef | None = None,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
     fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
     without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`).
     `grammar`: the output's constraint; `think_end`: a reasoning model's </think>, where the
     answer starts inside its thinking (with the chat's thinking_token_budget); `lora`: the
-    adapter it runs (0: none)."""
+    adapter it runs (None: none)."""
     chat = isinstance(request, ChatCompletionRequest)
     budget = request.thinking_token_budget if isinstance(request, ChatCompletionRequest) else None
     asked = request.max_tokens

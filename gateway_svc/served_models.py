@@ -1,5 +1,6 @@
 """The names a request may give as `model`: the base model's (`--served-model-name`, the first
-reported) and each LoRA adapter's (`--lora-modules`), which runs the base model with it."""
+reported) and each LoRA adapter's (`--lora-modules`, and those loaded at run time through
+`/v1/load_lora_adapter`), which runs the base model with it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.shared.lora import Adapter
+from turnstile.shared.protocol import LoraRef
 
 
 class ServedModels:
@@ -19,21 +21,43 @@ class ServedModels:
     def base(self) -> str:
         return self.names[0]
 
-    def lora(self, model: str | None) -> int:
-        """The adapter `model` names (its slot), 0 for the base model or no name; else a 404."""
+    def lora(self, model: str | None) -> LoraRef | None:
+        """The adapter `model` names, None for the base model or no name; else a 404."""
         if model in (None, "", *self.names):
-            return 0
+            return None
         adapter = self.adapters.get(model)  # type: ignore[arg-type]
         if adapter is None:
             raise ApiError(
                 404, f"the model {model!r} does not exist", "not_found_error", "model_not_found",
                 param="model",
             )  # fmt: skip
-        return adapter.slot
+        return adapter.ref
 
     def reported(self, model: str | None) -> str:
         """The name an answer gives: the adapter's where one was asked for (as vLLM)."""
         return model if model in self.adapters else self.base  # type: ignore[return-value]
+
+    def add(self, adapter: Adapter, in_place: bool) -> None:
+        """A LoRA adapter loaded at run time; `in_place`: it may replace one of its name."""
+        if adapter.name in self.names:
+            raise ApiError(
+                400, f"the LoRA adapter {adapter.name!r} would take a served base model's name",
+                param="lora_name",
+            )  # fmt: skip
+        if adapter.name in self.adapters and not in_place:
+            raise ApiError(
+                400, f"the LoRA adapter {adapter.name!r} is already loaded; load_inplace: true "
+                "replaces it", param="lora_name",
+            )  # fmt: skip
+        self.adapters[adapter.name] = adapter
+
+    def remove(self, name: str) -> None:
+        """A LoRA adapter no request may name any more (those under way finish with it)."""
+        if self.adapters.pop(name, None) is None:
+            raise ApiError(
+                404, f"the LoRA adapter {name!r} is not loaded", "not_found_error",
+                param="lora_name",
+            )  # fmt: skip
 
     def cards(self) -> list[dict[str, Any]]:
         """`/v1/models`: each name, then each adapter with its base model as `parent`."""

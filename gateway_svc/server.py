@@ -14,6 +14,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.gateway_svc.lora_updates import LoraUpdates
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.gateway_svc.served_models import ServedModels
@@ -55,10 +56,11 @@ async def _serve(config: GatewayServiceConfig) -> None:
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
     names = settings.served_model_name or [served_name(model)]
     adapters = lora_adapters(config.lora, info, config.engine.tensor_parallel_size)
+    served = ServedModels(names, adapters, max_model_len)
     gateway = Gateway(
         engine,
         tokenizer,
-        ServedModels(names, adapters, max_model_len),
+        served,
         max_model_len,
         config.engine.block_size,
         settings.api_key,
@@ -72,6 +74,10 @@ async def _serve(config: GatewayServiceConfig) -> None:
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.
     app = gateway.app(int(settings.max_body_mb * 2**20))
+    if config.lora.allow_runtime_lora_updating:
+        log.warning("LoRA adapters may be loaded at run time: a client may have any folder "
+                    "this server can read loaded")  # fmt: skip
+        LoraUpdates(served, info, config.lora.max_lora_rank).register(app)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, shutdown_timeout=DRAIN_SECONDS)

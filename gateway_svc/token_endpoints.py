@@ -19,7 +19,7 @@ class TokenEndpoints:
         self,
         tokenizer: Tokenizer,
         max_model_len: int,
-        check_model: Callable[[str | None], int],
+        check_model: Callable[[str | None], object],
         served_name: str,
     ) -> None:
         self.tokenizer = tokenizer

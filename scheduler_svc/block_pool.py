@@ -32,9 +32,9 @@ def _token_weights(block_size: int) -> np.ndarray:
     return np.random.default_rng(block_size).integers(1, 1 << 63, block_size, np.uint64) | 1
 
 
-def salt_root(salt: str, lora: int = 0) -> int:
-    """The chain's seed for a cache salt and a LoRA adapter (0 for neither); odd, so never an
-    unsalted chain's 0."""
+def salt_root(salt: str, lora: str = "") -> int:
+    """The chain's seed for a cache salt and a LoRA adapter's digest (0 for neither); odd, so
+    never an unsalted chain's 0."""
     if not salt and not lora:
         return 0
     key = salt.encode() if not lora else f"{salt}\0lora {lora}".encode()

@@ -82,7 +82,7 @@ class RequestLifecycle:
         if msg.req_id in self.requests:
             raise ValueError(f"request id {msg.req_id} is already in use")
         req = Request.from_message(
-            msg, self._arrivals, cfg.max_model_len, self.vocab_size, cfg.num_loras
+            msg, self._arrivals, cfg.max_model_len, self.vocab_size, cfg.enable_lora
         )
         if req.priority and not self.by_priority:
             raise ValueError("priority needs the priority policy (serve with --policy priority)")
@@ -191,16 +191,17 @@ class RequestLifecycle:
                 error = f"its executor failed twice while computing it; last: {failure}"
                 self.leave(req, "failed", error)
 
-    def leave(self, req: Request, reason: str, error: str = "") -> None:
-        """End a live request wherever it is: its row dropped, or out of its queue."""
+    def leave(self, req: Request, reason: str, error: str = "", publish: bool = True) -> None:
+        """End a live request wherever it is: its row dropped (its full blocks cached unless
+        not `publish`), or out of its queue."""
         if req.status is Status.RUNNING:
-            self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False)
+            self._drop_row(self.batch.slot_of[req.req_id], keep_tokens=False, publish=publish)
         else:
             self._queue_of(req).discard(req)
         self._end(req, reason, error)
 
-    def _drop_row(self, slot: int, keep_tokens: bool) -> Request:
-        if self.pool.enable_caching:
+    def _drop_row(self, slot: int, keep_tokens: bool, publish: bool = True) -> Request:
+        if self.pool.enable_caching and publish:
             self.prefix_cache.publish(slot)
         req, blocks = self.batch.release(slot, keep_tokens)
         self.pool.release(blocks)

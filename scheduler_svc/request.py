@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstile.scheduler_svc.block_pool import salt_root
-from turnstile.shared.protocol import AddRequest, SamplingParams, constrains, unpack_ids
+from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, constrains, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
@@ -44,7 +44,7 @@ class Request:
     # Its cache salt's and adapter's chain seed (`block_pool.salt_root`): KV blocks are shared
     # only within one salt and one adapter, whose KV differs. 0: neither.
     cache_root: int = 0
-    lora: int = 0  # its LoRA adapter; 0: none
+    lora: LoraRef | None = None  # its LoRA adapter
     # Whether it may verify drafted tokens (speculative decoding): not under a grammar or a
     # thinking budget (their matchers follow tokens on the host), nor for its prompt's logprobs
     # or an embedding.
@@ -52,13 +52,14 @@ class Request:
 
     @classmethod
     def from_message(
-        cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int, num_loras: int = 0
-    ) -> Request:
+        cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int,
+        enable_lora: bool = False,
+    ) -> Request:  # fmt: skip
         """Raises ValueError, naming the field, for anything the executor could not run."""
         prompt = unpack_ids(msg.prompt_ids).copy()
         _check(msg, prompt, vocab_size)
-        if not 0 <= msg.lora <= num_loras:
-            raise ValueError(f"lora {msg.lora}: the executors hold {num_loras} LoRA adapters")
+        if msg.lora is not None and not enable_lora:
+            raise ValueError(f"lora {msg.lora.name}: the executors run no LoRA adapters")
         return cls(
             req_id=msg.req_id,
             token_ids=prompt,
@@ -69,7 +70,7 @@ class Request:
             priority=msg.priority,
             arrival=arrival,
             sampling=msg.sampling,
-            cache_root=salt_root(msg.cache_salt, msg.lora),
+            cache_root=salt_root(msg.cache_salt, msg.lora.digest if msg.lora else ""),
             lora=msg.lora,
             speculates=may_speculate(msg.sampling),
         )

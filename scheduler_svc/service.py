@@ -216,7 +216,7 @@ class SchedulerService:
                     ),
                     scheduling=self.config.scheduling,
                     sliding_window=self.model.kv_window,
-                    num_loras=hello.num_loras,
+                    enable_lora=hello.enable_lora,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,

@@ -10,7 +10,14 @@ import numpy as np
 from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.lifecycle import RequestLifecycle
 from turnstile.scheduler_svc.request import Status
-from turnstile.shared.protocol import EngineOutputs, FrameError, StepResult, pack_ids, unpack_ids
+from turnstile.shared.protocol import (
+    REFUSED_BY_EXECUTOR,
+    EngineOutputs,
+    FrameError,
+    StepResult,
+    pack_ids,
+    unpack_ids,
+)
 
 
 def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) -> EngineOutputs:
@@ -32,11 +39,13 @@ def take_result(lifecycle: RequestLifecycle, result: StepResult, latest: int) ->
     embedded = {embedding.req_id for embedding in result.embeddings}
     if embedded and not embedded <= set(record.req_ids.tolist()):
         raise FrameError("an embedding for a request that sampled no token in this step")
+    if any(reason not in REFUSED_BY_EXECUTOR for _, reason, _ in result.refused):
+        raise FrameError(f"a refusal for a reason not among {REFUSED_BY_EXECUTOR}")
     lifecycle.in_flight.popleft()
-    for req_id, why in result.refused:  # a grammar that does not compile: the request's fault
+    for req_id, reason, why in result.refused:
         req = lifecycle.requests.get(req_id)
-        if req is not None:
-            lifecycle.leave(req, "grammar", why)
+        if req is not None:  # an adapter's row ran on the base model: its KV is not cached
+            lifecycle.leave(req, reason, why, publish=reason != "adapter")
     if len(record.drafted):
         return _take_drafted(lifecycle, record, result, sampled, counts)
     batch = lifecycle.batch

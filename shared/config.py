@@ -124,7 +124,7 @@ class SchedulerConfig:
     scheduling: SchedulingConfig = nested(SchedulingConfig)
     # Where every layer of the model slides (`ModelInfo.kv_window`): blocks behind it are freed.
     sliding_window: int = 0
-    num_loras: int = 0  # the LoRA adapters a request may name (1..num_loras; 0: the base model)
+    enable_lora: bool = False  # whether a request may name a LoRA adapter
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:

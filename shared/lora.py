@@ -1,11 +1,14 @@
 """LoRA adapters served beside the base model, as vLLM serves them (`--enable-lora
---lora-modules name=path`): PEFT folders, read and checked here without torch, so that `serve`
-refuses an adapter it would run wrongly, naming it, before any service starts. A request asks for
-one by its name as `model`; it travels as its slot (1, 2, ... in the flag's order; 0: the base
-model). The executor loads the weights (`executor_svc/model/lora.py`)."""
+--lora-modules name=path`, and at run time `/v1/load_lora_adapter`): PEFT folders, read and
+checked here without torch, so that `serve` (or the gateway, loading one) refuses an adapter it
+would run wrongly, naming it. A request asks for one by its name as `model`; it travels as a
+`LoraRef`: its folder and its files' digest, which keys the executor's copy and the prefix cache,
+so an adapter whose files change is another adapter. The executor loads the weights
+(`executor_svc/adapters.py`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnstile.shared.model_info import ModelInfo
+from turnstile.shared.protocol import LoraRef
 from turnstile.shared.settings import setting
 
 # The projections an adapter may adapt, by PEFT's module names, and where each lives.
@@ -23,6 +27,7 @@ _KEY = re.compile(
     r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight"
 )
 WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,19 +43,35 @@ class LoraConfig:
     max_lora_rank: int = setting(16, "the largest rank an adapter may have")
     max_loras: int | None = setting(
         None,
-        "adapters held at once; every one of --lora-modules stays loaded, so at least their "
-        "number (none: their number)",
+        "adapters an executor keeps loaded: beyond them the least recently used one no running "
+        "request needs is dropped, and read again when asked for (none: the number of "
+        "--lora-modules, at least 1)",
     )
+    allow_runtime_lora_updating: bool = setting(
+        False,
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING): a client may then have any folder the server can "
+        "read loaded",
+    )
+
+    @property
+    def kept_loaded(self) -> int:
+        return self.max_loras or max(len(self.lora_modules or ()), 1)
 
 
 @dataclass(slots=True, frozen=True)
 class Adapter:
     name: str
     path: Path
-    slot: int  # on the wire (`AddRequest.lora`): 1, 2, ... as the flag lists them
+    digest: str  # of its config and weights files: the adapter's identity
     rank: int
     scaling: float  # lora_alpha / rank (/ sqrt(rank) with rsLoRA), folded into B at load
     tensors: dict[str, tuple[int, str, str]] = field(repr=False)  # key: (layer, module, A|B)
+
+    @property
+    def ref(self) -> LoraRef:
+        """How a request names it on the wire."""
+        return LoraRef(self.name, str(self.path), self.digest)
 
 
 def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1) -> list[Adapter]:
@@ -60,15 +81,17 @@ def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1)
     if not config.enable_lora:
         if modules:
             raise ValueError("--lora-modules needs --enable-lora")
+        if config.allow_runtime_lora_updating:
+            raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
         return []
     if tensor_parallel_size > 1:
         raise ValueError("--enable-lora runs with --tensor-parallel-size 1 only")
-    if config.max_loras is not None and config.max_loras < len(modules):
-        raise ValueError(
-            f"--max-loras {config.max_loras}: all {len(modules)} --lora-modules stay loaded"
-        )
-    found = [_read(spec, slot, config.max_lora_rank, info) for slot, spec in
-             enumerate(modules, start=1)]  # fmt: skip
+    if config.max_loras is not None and config.max_loras < 1:
+        raise ValueError(f"--max-loras {config.max_loras}: at least 1")
+    found = []
+    for spec in modules:
+        name, path = _parse(spec)
+        found.append(read_adapter(name, path, config.max_lora_rank, info, "--lora-modules "))
     names = [a.name for a in found]
     if len(set(names)) != len(names):
         raise ValueError(f"--lora-modules: a name given twice ({names})")
@@ -95,13 +118,32 @@ def _parse(spec: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def _read(spec: str, slot: int, max_rank: int, info: ModelInfo) -> Adapter:
-    name, path = _parse(spec)
-    where = f"--lora-modules {name}"
+def read_adapter(name: str, path: Path, max_rank: int, info: ModelInfo, where: str = "") -> Adapter:
+    """The PEFT folder `path` as the adapter `name`, checked against the base model `info`;
+    raises ValueError naming `where` (a flag) and the adapter."""
+    return parse_adapter(name, path, *read_files(name, path, where), max_rank, info, where)
+
+
+def read_files(name: str, path: Path, where: str = "") -> tuple[bytes, bytes]:
+    """An adapter folder's config and weights, read once: what is checked is what is loaded."""
     try:
-        config = json.loads((path / "adapter_config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{where}: no PEFT adapter_config.json in {path} ({exc})") from None
+        return (path / CONFIG_FILE).read_bytes(), (path / WEIGHTS_FILE).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{where}{name}: cannot read the PEFT adapter in {path} ({exc})") from None
+
+
+def parse_adapter(
+    name: str, path: Path, raw: bytes, weights: bytes, max_rank: int, info: ModelInfo,
+    where: str = "",
+) -> Adapter:  # fmt: skip
+    """`read_adapter` on the files' bytes."""
+    where = f"{where}{name}"
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {CONFIG_FILE} in {path} is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: {CONFIG_FILE} is not a JSON object")
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{where}: peft_type {config['peft_type']}, not LORA")
     unsupported = {
@@ -115,30 +157,33 @@ def _read(spec: str, slot: int, max_rank: int, info: ModelInfo) -> Adapter:
     for key, present in unsupported.items():
         if present:
             raise ValueError(f"{where}: {key} {config[key]!r} is not supported")
-    rank = int(config["r"])
+    try:
+        rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {CONFIG_FILE} has no integer rank r ({exc!r})") from None
     if not 0 < rank <= max_rank:
         raise ValueError(f"{where}: rank {rank} is over --max-lora-rank {max_rank}")
-    alpha = float(config.get("lora_alpha", rank))
     scaling = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
-    tensors = _check_tensors(path / WEIGHTS_FILE, where, rank, info)
-    return Adapter(name, path, slot, rank, scaling, tensors)
+    tensors = _check_tensors(weights, f"{where}: {path / WEIGHTS_FILE}", rank, info)
+    hashed = hashlib.sha256(len(raw).to_bytes(8, "little") + raw + weights)
+    return Adapter(name, path, hashed.hexdigest()[:32], rank, scaling, tensors)
 
 
 def _check_tensors(
-    file: Path, where: str, rank: int, info: ModelInfo
+    weights: bytes, where: str, rank: int, info: ModelInfo
 ) -> dict[str, tuple[int, str, str]]:
-    """Every tensor of the file, named and shaped as a LoRA of one of the base model's dense
-    projections; read from the safetensors header alone."""
+    """Every tensor of the safetensors file, named and shaped as a LoRA of one of the base
+    model's dense projections; read from its header."""
     try:
-        with file.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-    except (OSError, ValueError, struct.error) as exc:
-        raise ValueError(f"{where}: cannot read {file} ({exc})") from None
-    header.pop("__metadata__", None)
+        (size,) = struct.unpack("<Q", weights[:8])
+        header = json.loads(weights[8 : 8 + size])
+        header.pop("__metadata__", None)
+        entries = [(key, tuple(entry["shape"])) for key, entry in header.items()]
+    except (ValueError, struct.error, AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{where} is not a safetensors file ({exc!r})") from None
     shapes = module_shapes(info)
     found = {}
-    for key, entry in header.items():
+    for key, shape in entries:
         match = _KEY.fullmatch(key)
         layer, block, module, side = match.groups() if match else (0, "", "", "")
         where_key = f"{where}: tensor {key}"
@@ -146,12 +191,11 @@ def _check_tensors(
             raise ValueError(f"{where_key}: only {', '.join(ATTENTION + MLP)} are adapted")
         if int(layer) >= info.num_layers or (block == "mlp" and int(layer) in info.expert_layers):
             raise ValueError(f"{where_key}: the base model has no such dense layer")
-        shape = tuple(entry["shape"])
         fan_in, fan_out = shapes[module]
         want = (rank, fan_in) if side == "A" else (fan_out, rank)
         if shape != want:
             raise ValueError(f"{where_key}: shape {list(shape)}, expected {list(want)}")
         found[key] = (int(layer), module, side)
     if not found:
-        raise ValueError(f"{where}: {file} holds no LoRA weights")
+        raise ValueError(f"{where} holds no LoRA weights")
     return found

@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 
 ID_DTYPE: Final = np.dtype("<i4")
 
@@ -102,6 +102,15 @@ def constrains(sampling: SamplingParams) -> bool:
     return sampling.grammar is not None or sampling.thinking_budget >= 0
 
 
+class LoraRef(msgspec.Struct, array_like=True, frozen=True):
+    """The LoRA adapter a request runs: its name (for logs), its PEFT folder, and its files'
+    digest (`shared/lora.py`), which keys the executor's copy and the prefix cache."""
+
+    name: str
+    path: str
+    digest: str
+
+
 class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """A request joining the executor's persistent batch, sent in full exactly once per admission.
 
@@ -116,7 +125,7 @@ class NewRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     num_scheduled: int
     block_ids: bytes
     sampling: SamplingParams = SamplingParams()
-    lora: int = 0  # the LoRA adapter it runs (`shared/lora.py`); 0: the base model
+    lora: LoraRef | None = None  # the LoRA adapter it runs; None: the base model
 
 
 class PlanDrafts(msgspec.Struct, array_like=True, frozen=True):
@@ -159,8 +168,14 @@ class StepResult(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     num_sampled: bytes = b""
     logprobs: list[list[tuple[int, float]]] = []
     prompt_logprobs: list[PromptLogprobs] = []
-    refused: list[tuple[int, str]] = []  # (req_id, why): requests it cannot run (a grammar)
+    # (req_id, reason, why): requests it cannot run, for a reason of REFUSED_BY_EXECUTOR
+    refused: list[tuple[int, str, str]] = []
     embeddings: list[Embedding] = []
+
+
+# Why an executor refuses a request: its grammar does not compile (or refused a token), or
+# its LoRA adapter cannot be loaded.
+REFUSED_BY_EXECUTOR: Final = ("grammar", "adapter")
 
 
 class StepFailed(msgspec.Struct, array_like=True, frozen=True, tag=10):
@@ -185,7 +200,7 @@ class AddRequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     ignore_eos: bool = False
     priority: int = 0
     cache_salt: str = ""  # vLLM's: only requests of the same salt share cached KV blocks
-    lora: int = 0  # the LoRA adapter it runs, as `--lora-modules` lists them from 1; 0: none
+    lora: LoraRef | None = None  # the LoRA adapter it runs; None: the base model
 
 
 class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
@@ -196,7 +211,8 @@ class AbortRequest(msgspec.Struct, array_like=True, frozen=True, tag=4):
 
 class Finished(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """How a request ended: "stop", "length", "abort", or refused: "error" (invalid),
-    "grammar" (its output constraint does not compile), "overloaded" (the waiting queue is
+    "grammar" (its output constraint does not compile), "adapter" (its LoRA adapter cannot be
+    loaded), "overloaded" (the waiting queue is
     full), "unavailable" (no executor), "failed" (its executor died twice while running it);
     `error` says why."""
 
@@ -229,7 +245,7 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
     block_size: int
     max_num_seqs: int
     max_model_len: int
-    num_loras: int = 0  # the LoRA adapters it holds, as slots 1..num_loras
+    enable_lora: bool = False  # whether it runs requests' LoRA adapters
 
 
 class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):

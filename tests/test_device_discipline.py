@@ -25,6 +25,7 @@ from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, StepInFlight
 from turnstile.offline import run_steps
+from turnstile.shared.lora import adapters
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.protocol import AddRequest, BatchPlan, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
@@ -87,14 +88,16 @@ def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str
     rows (prefill, decode) in each step. Checks that some tokens were taken so. With a runner
     that holds an adapter, every other request runs it."""
     prompts = [[1, 2, 3, 4, 5], list(range(100, 140)), [7, 8], list(range(300, 317)), [9] * 20]
+    named = adapters(runner.config.lora, runner.info)
     requests = [
         AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
-                   sampling=params, lora=i % 2 if runner.num_loras else 0)
+                   sampling=params, lora=named[0].ref if named and i % 2 else None)
         for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True))
     ]  # fmt: skip
     scheduler = scheduler_for(
-        runner, requests, max_num_seqs=8, max_num_batched_tokens=24, num_loras=runner.num_loras
-    )
+        runner, requests, max_num_seqs=8, max_num_batched_tokens=24,
+        enable_lora=runner.enable_lora,
+    )  # fmt: skip
     kinds, carried = [], []
     upload = runner.upload
 

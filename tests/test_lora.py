@@ -1,25 +1,27 @@
-"""LoRA adapters served beside their base model (`--enable-lora --lora-modules`), through a real
-stack and the official openai client: each adapter's greedy tokens match PEFT's own model on
-transformers, token for token, with the base model's and both adapters' requests batched
-together and their prompts chunked; no KV block is shared across adapters; `/v1/models` lists
-them. What `serve` refuses at start, by name, is checked on the files alone."""
+"""LoRA adapters served beside their base model (`--enable-lora --lora-modules`, and loaded at
+run time through vLLM's `/v1/load_lora_adapter`), through a real stack and the official openai
+client: each adapter's greedy tokens match PEFT's own model on transformers, token for token,
+with the base model's and the adapters' requests batched together, their prompts chunked, and
+more adapters named than the executor keeps loaded; no KV block is shared across adapters, or
+across an adapter's files before and after they change; `/v1/models` lists them. What is refused
+at start and on the files alone: `test_lora_checks.py`."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import MODEL
 
 from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
-from turnstile.shared.lora import LoraConfig, adapters
-from turnstile.shared.model_info import embedded_model_path, read_model_info
 
 pytestmark = pytest.mark.slow  # starts a stack, runs transformers and PEFT
 
@@ -97,6 +99,7 @@ def server(base: Path, adapter_dirs: dict[str, Path]) -> Iterator[Server]:
         "--model", str(base), "--dtype", "float32", "--served-model-name", "base",
         "--enable-lora", "--lora-modules", *modules, "--max-lora-rank", "8",
         "--max-num-seqs", "16", "--max-num-batched-tokens", "32",
+        "--allow-runtime-lora-updating", "--max-loras", "2",
     ) as server:  # fmt: skip
         yield server
 
@@ -141,7 +144,7 @@ def test_models_lists_the_adapters_and_an_unknown_name_is_refused(
     client: openai.OpenAI, adapter_dirs: dict[str, Path]
 ) -> None:
     cards = {card.id: card for card in client.models.list().data}
-    assert set(cards) == {"base", "first", "second"}
+    assert set(cards) == {"base", "first", "second"}  # none loaded at run time is left
     assert cards["first"].parent == "base" and cards["first"].root == str(adapter_dirs["first"])  # type: ignore[attr-defined]
     assert cards["base"].parent is None  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError) as refused:
@@ -149,65 +152,138 @@ def test_models_lists_the_adapters_and_an_unknown_name_is_refused(
     assert refused.value.body["param"] == "model"  # type: ignore[index]
 
 
-def changed(folder: Path, into: Path, **fields: object) -> Path:
-    """A copy of an adapter with `fields` of its adapter_config.json changed."""
-    shutil.copytree(folder, into)
-    config = json.loads((into / "adapter_config.json").read_text())
-    (into / "adapter_config.json").write_text(json.dumps(config | fields))
-    return into
+def post(server: Server, path: str, **body: object) -> tuple[int, str]:
+    """vLLM's runtime LoRA endpoints answer in plain text: the status and the text."""
+    request = urllib.request.Request(
+        f"{server.url}/v1/{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
-def test_what_serve_refuses_at_start_names_the_adapter(
-    base: Path, adapter_dirs: dict[str, Path], tmp_path: Path
-) -> None:
-    info = read_model_info(base)
-    first = f"first={adapter_dirs['first']}"
+def error_of(text: str) -> dict[str, str]:
+    return json.loads(text)["error"]
 
-    def refusal(*modules: str, tp: int = 1, **settings: object) -> str:
-        config = LoraConfig(**{"enable_lora": True, "lora_modules": list(modules)} | settings)
-        with pytest.raises(ValueError) as refused:
-            adapters(config, info, tp)
-        return str(refused.value)
 
-    assert adapters(LoraConfig(enable_lora=True, lora_modules=[first]), info)[0].slot == 1
-    assert "needs --enable-lora" in refusal(first, enable_lora=False)
-    assert "rank 8 is over --max-lora-rank 4" in refusal(first, max_lora_rank=4)
-    assert "--tensor-parallel-size 1 only" in refusal(first, tp=2)
-    assert "--max-loras 1" in refusal(first, f"other={adapter_dirs['second']}", max_loras=1)
-    assert "a name given twice" in refusal(first, first)
-    assert "expected NAME=PATH" in refusal(str(adapter_dirs["first"]))
-    assert "no PEFT adapter_config.json" in refusal(f"x={tmp_path}")
-    dora = changed(adapter_dirs["first"], tmp_path / "dora", use_dora=True)
-    assert "--lora-modules x: use_dora True is not supported" in refusal(f"x={dora}")
-    # A base model of another shape: each tensor's is checked against this one's.
-    other = read_model_info(random_llama.write(tmp_path / "wide", **SHAPE | {"hidden_size": 96}))
-    with pytest.raises(
-        ValueError, match=r"--lora-modules first: tensor .*: shape \[\d+, \d+\], expected"
+def test_an_adapter_loaded_at_run_time_matches_peft_and_unloads(
+    server: Server, client: openai.OpenAI, adapter_dirs: dict[str, Path],
+    expected: dict[str, list[list[int]]],
+) -> None:  # fmt: skip
+    """vLLM's endpoints: a third name for the second adapter's folder. With --max-loras 2 and
+    three adapters asked for at once, the executor drops and reads adapters again as they are
+    named; every answer stays its adapter's."""
+    status, text = post(
+        server, "load_lora_adapter", lora_name="third", lora_path=str(adapter_dirs["second"])
+    )
+    assert (status, text) == (200, "Success: LoRA adapter 'third' added successfully.")
+    cards = {card.id: card for card in client.models.list().data}
+    assert cards["third"].root == str(adapter_dirs["second"]) and cards["third"].parent == "base"  # type: ignore[attr-defined]
+    asks = [(name, i) for name in ("third", "first", "base", "third") for i in range(len(PROMPTS))]
+    for _ in range(2):
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(lambda ask: complete(client, ask[0], PROMPTS[ask[1]]), asks))
+        for (name, i), answer in zip(asks, answers, strict=True):
+            want = expected["second" if name == "third" else name][i]
+            assert answer.choices[0].token_ids == want, (name, i)  # type: ignore[attr-defined]
+            assert answer.model == name  # type: ignore[attr-defined]
+        assert complete(client, "second", PROMPTS[0]).choices[0].token_ids == expected["second"][0]  # type: ignore[attr-defined]
+    status, text = post(server, "unload_lora_adapter", lora_name="third")
+    assert status == 200 and "'third' removed" in text
+    with pytest.raises(openai.NotFoundError) as refused:
+        complete(client, "third", PROMPTS[1])
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
+    status, text = post(server, "unload_lora_adapter", lora_name="third")
+    assert status == 404 and error_of(text)["param"] == "lora_name"
+
+
+def test_an_adapter_whose_files_change_is_another_adapter(
+    server: Server, client: openai.OpenAI, adapter_dirs: dict[str, Path],
+    expected: dict[str, list[list[int]]], tmp_path: Path,
+) -> None:  # fmt: skip
+    """Its files' digest is its identity: reloaded in place with other weights it answers as
+    they do, finding none of the KV its old weights made; changed on disk before the executor
+    reads it, a request naming it is refused (never run on other weights than those checked),
+    and the refused row's blocks all come back."""
+    folder = tmp_path / "mutable"
+    shutil.copytree(adapter_dirs["first"], folder)
+    assert post(server, "load_lora_adapter", lora_name="mutable", lora_path=str(folder))[0] == 200
+    prompt = [400 + i for i in range(48)]  # three full blocks, in no other test's prompt
+
+    def ask() -> tuple[list[int], int]:
+        answer = complete(client, "mutable", prompt)
+        return answer.choices[0].token_ids, answer.usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+
+    first, cached = ask()
+    assert cached == 0 and ask() == (first, 32)
+    shutil.rmtree(folder)
+    shutil.copytree(adapter_dirs["second"], folder)
+    status, text = post(server, "load_lora_adapter", lora_name="mutable", lora_path=str(folder))
+    assert status == 400 and "load_inplace" in error_of(text)["message"]
+    replaced, _ = post(server, "load_lora_adapter", lora_name="mutable", lora_path=str(folder),
+                    load_inplace=True)  # fmt: skip
+    assert replaced == 200
+    second, cached = ask()
+    assert cached == 0 and second != first  # none of the first weights' KV
+    assert complete(client, "mutable", PROMPTS[2]).choices[0].token_ids == expected["second"][2]  # type: ignore[attr-defined]
+    # Loaded by the gateway, then changed before the executor reads it (its alpha: a copy of
+    # the first's files would be the first adapter, held).
+    fleeting = tmp_path / "fleeting"
+    shutil.copytree(adapter_dirs["first"], fleeting)
+    config = json.loads((fleeting / "adapter_config.json").read_text())
+    (fleeting / "adapter_config.json").write_text(json.dumps(config | {"lora_alpha": 3}))
+    assert (
+        post(server, "load_lora_adapter", lora_name="fleeting", lora_path=str(fleeting))[0] == 200
+    )
+    (fleeting / "adapter_config.json").write_text(json.dumps(config | {"lora_alpha": 1}))
+    with pytest.raises(openai.BadRequestError) as refused:
+        complete(client, "fleeting", [9, 8, 7] * 12)
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
+    assert "changed since it was loaded" in refused.value.message
+    # Its files as checked again: it runs, and the refused row left no KV cached for it.
+    (fleeting / "adapter_config.json").write_text(json.dumps(config | {"lora_alpha": 3}))
+    assert (
+        complete(client, "fleeting", [9, 8, 7] * 12).usage.prompt_tokens_details.cached_tokens == 0
+    )  # type: ignore[attr-defined]
+    assert complete(client, "first", PROMPTS[1]).choices[0].token_ids == expected["first"][1]  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while (series := server.scrape())["turnstile:num_requests_running"] or (
+        series["turnstile:kv_cache_free_blocks"] != series["turnstile:kv_cache_total_blocks"]
     ):
-        adapters(LoraConfig(enable_lora=True, lora_modules=[first]), other)
+        assert time.monotonic() < deadline, "a block is still held"
+        time.sleep(0.2)
+    for name in ("mutable", "fleeting"):
+        assert post(server, "unload_lora_adapter", lora_name=name)[0] == 200
 
 
-def test_an_adapter_on_the_embedded_models_quantized_blocks(tmp_path: Path) -> None:
-    """On the GGUF file's own blocks (the cpu backend's default), a step with an adapter's rows
-    runs them, and the base model's beside them, through the layers: each answer is its own,
-    alone or batched."""
-    folder = random_llama.lora(tmp_path / "adapter", read_model_info(embedded_model_path()))
-    prompt = "Write a list of fruits:"
-    with launched_server("--enable-lora", "--lora-modules", f"fruity={folder}") as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-
-        def text(model: str) -> str:
-            answer = client.completions.create(
-                model=model,
-                prompt=prompt,
-                max_tokens=24,
-                temperature=0,
-                extra_body={"ignore_eos": True},
-            )
-            return answer.choices[0].text
-
-        alone = text("fruity")
-        with ThreadPoolExecutor(5) as pool:
-            batched = list(pool.map(text, ["fruity", *[MODEL] * 4]))
-    assert batched[0] == alone and len(alone) > 20
-    assert all(other == batched[1] != alone for other in batched[1:])
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"lora_name": "x", "lora_path": "/nonexistent"}, 404, "lora_path", "no LoRA adapter"),
+        ({"lora_name": "base", "lora_path": "FIRST"}, 400, "lora_name", "served base model"),
+        ({"lora_name": "first", "lora_path": "FIRST"}, 400, "lora_name", "already loaded"),
+        ({"lora_name": "", "lora_path": "FIRST"}, 400, "lora_name", "must be given"),
+        ({"lora_name": "x", "lora_path": "DORA"}, 400, "lora_path", "use_dora True is not"),
+        ({"lora_name": "x", "lora_path": "FIRST", "is_3d_lora_weight": True}, 400,
+         "is_3d_lora_weight", "not supported"),
+        ({"lora_name": "x", "lora_path": "FIRST", "base_model_name": "y"}, 400,
+         "base_model_name", "unknown field"),
+    ],
+)  # fmt: skip
+def test_a_load_that_cannot_be_served_is_refused_by_name(
+    server: Server, adapter_dirs: dict[str, Path], tmp_path: Path,
+    body: dict[str, object], status: int, param: str, words: str,
+) -> None:  # fmt: skip
+    dora = tmp_path / "dora"
+    shutil.copytree(adapter_dirs["first"], dora)
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    paths = {"FIRST": str(adapter_dirs["first"]), "DORA": str(dora)}
+    body = body | {"lora_path": paths.get(str(body["lora_path"]), body["lora_path"])}
+    answered, text = post(server, "load_lora_adapter", **body)
+    error = error_of(text)
+    assert (answered, error["param"]) == (status, param) and words in error["message"]
+    answered, text = post(server, "unload_lora_adapter", lora_name="first", lora_int_id=1)
+    assert answered == 400 and error_of(text)["param"] == "lora_int_id"

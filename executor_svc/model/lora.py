@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from turnstile.executor_svc.model.rope import interleave_rotary_halves
-from turnstile.shared.lora import WEIGHTS_FILE, Adapter, module_shapes
+from turnstile.shared.lora import Adapter, module_shapes
 from turnstile.shared.model_info import ModelInfo
 
 # The model's projections, and the PEFT modules each fuses, in its rows' order.
@@ -26,25 +26,32 @@ Pair = tuple[torch.Tensor, torch.Tensor]  # A [rank, in], B [out, rank]
 
 
 class LoraWeights:
-    def __init__(
-        self, adapters: list[Adapter], info: ModelInfo, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        """Every adapter's pairs, by layer, then projection, then slot."""
+    """The loaded adapters' pairs, by layer, then projection, then the executor's own slot."""
+
+    def __init__(self, info: ModelInfo, dtype: torch.dtype, device: torch.device) -> None:
+        self.info, self.dtype, self.device = info, dtype, device
         self.layers: list[dict[str, dict[int, Pair]]] = [
             {name: {} for name in FUSED} for _ in range(info.num_layers)
         ]
-        for adapter in adapters:
-            tensors = load_file(adapter.path / WEIGHTS_FILE)
-            parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-            for key, (layer, module, side) in adapter.tensors.items():
-                parts.setdefault((layer, module), {})[side] = tensors[key].float()
-            for layer, projections in enumerate(self.layers):
-                for name, modules in FUSED.items():
-                    pair = _fused(info, modules, [parts.get((layer, m)) for m in modules],
-                                  adapter.scaling)  # fmt: skip
-                    if pair is not None:
-                        a, b = (t.to(device=device, dtype=dtype).contiguous() for t in pair)
-                        projections[name][adapter.slot] = (a, b)
+
+    def add(self, slot: int, adapter: Adapter, weights: bytes) -> None:
+        """`adapter`'s pairs under `slot`, from its safetensors file's bytes."""
+        tensors = load(weights)
+        parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        for key, (layer, module, side) in adapter.tensors.items():
+            parts.setdefault((layer, module), {})[side] = tensors[key].float()
+        for layer, projections in enumerate(self.layers):
+            for name, modules in FUSED.items():
+                pair = _fused(self.info, modules, [parts.get((layer, m)) for m in modules],
+                              adapter.scaling)  # fmt: skip
+                if pair is not None:
+                    a, b = (t.to(device=self.device, dtype=self.dtype).contiguous() for t in pair)
+                    projections[name][slot] = (a, b)
+
+    def drop(self, slot: int) -> None:
+        for projections in self.layers:
+            for pairs in projections.values():
+                pairs.pop(slot, None)
 
 
 def _fused(
@@ -71,7 +78,8 @@ def _fused(
 
 @dataclass(slots=True, frozen=True)
 class LoraBatch:
-    """A step's tokens that run an adapter, grouped by adapter: `tokens[start:end]` run slot's."""
+    """A step's tokens that run an adapter, grouped by adapter: `tokens[start:end]` run slot's
+    (`executor_svc/adapters.py` gives each loaded adapter its slot)."""
 
     weights: LoraWeights
     tokens: torch.Tensor

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from turnstile.shared.lora import module_shapes
+from turnstile.shared.lora import ATTENTION, module_shapes
 from turnstile.shared.model_info import ModelInfo
 
 FOR_TWO_RANKS = dict(
@@ -110,16 +110,19 @@ def embedder(folder: Path) -> Path:
     return folder
 
 
-def lora(folder: Path, info: ModelInfo, rank: int = 8) -> Path:
-    """A random PEFT LoRA folder for a model of `info`'s shape, adapting every layer's q, v and
-    down projections: no transformers needed, so it fits any model the engine reads (a GGUF
-    file's too)."""
+def lora(
+    folder: Path, info: ModelInfo, rank: int = 8,
+    modules: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"),
+) -> Path:  # fmt: skip
+    """A random PEFT LoRA folder for a model of `info`'s shape, adapting every layer's
+    `modules` (PEFT's names): no transformers needed, so it fits any model the engine reads (a
+    GGUF file's too)."""
     import torch
     from safetensors.torch import save_file
 
     every = module_shapes(info)
-    shapes = {f"{block}.{module}": every[module] for block, module in
-              (("self_attn", "q_proj"), ("self_attn", "v_proj"), ("mlp", "down_proj"))}  # fmt: skip
+    shapes = {f"{'self_attn' if module in ATTENTION else 'mlp'}.{module}": every[module]
+              for module in modules}  # fmt: skip
     torch.manual_seed(0)
     tensors = {}
     for layer in range(info.num_layers):

@@ -68,7 +68,7 @@ class DeviceStep:
     layers: AttentionBatch | None  # tokens through the model's layers
     layer_tokens: torch.Tensor | None  # which tokens; None: all of them
     fused: FusedRows | None
-    lora: LoraBatch | None = None  # the tokens that run LoRA adapters (through the layers)
+    lora: LoraBatch | None = None  # the tokens that run LoRA adapters
 
     @property
     def all_decode(self) -> bool:
@@ -137,7 +137,8 @@ class Backend(ABC):
 
     def route(self, layout: StepLayout) -> Route:
         """Every step through the layers; a backend with fused layers sends there what they
-        run faster, never a LoRA adapter's tokens (`layout.inputs.lora_segments`)."""
+        run faster; a LoRA adapter's tokens (`layout.inputs.lora_segments`) only where its
+        fused layers take adapters."""
         return Route.LAYERS
 
     def upload(
@@ -161,7 +162,7 @@ class Backend(ABC):
             "sampling": SamplingBatch(sampling, on),
         }
         if inputs.lora_segments:
-            assert route is Route.LAYERS and self.lora is not None
+            assert route is not Route.SPLIT and self.lora is not None
             common["lora"] = LoraBatch(self.lora, on["lora_tokens"], inputs.lora_segments)
         if route is Route.FUSED:
             plan = DecodePlan(on["fused_tables"], on["fused_lens"], size)
@@ -216,7 +217,7 @@ class Backend(ABC):
             # only read), so their order does not matter.
             tokens = step.fused.tokens
             if tokens is None:
-                hidden = self.fused_layers(hidden, step.positions, step.fused)
+                hidden = self.fused_layers(hidden, step.positions, step.fused, step.lora)
             else:
                 hidden[tokens] = self.fused_layers(
                     hidden[tokens], step.positions[tokens], step.fused
@@ -224,8 +225,9 @@ class Backend(ABC):
         return model.final_norm(hidden)
 
     def fused_layers(
-        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows
-    ) -> torch.Tensor:
+        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows,
+        lora: LoraBatch | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Every layer for rows that each attend one token; only where `route` picks it."""
         raise NotImplementedError(f"the {self.name} backend has no fused layers")
 

@@ -45,7 +45,14 @@ class DecodeStep(ctypes.Structure):
         ("window", _LONG),
         ("isa", _LONG),
         ("tiles", _LONG),
+        ("adapters", _PTR),
     ]
+
+
+class LoraPair(ctypes.Structure):
+    """lora.c's `LoraPair`: an adapter's A [rank][in] and B transposed [rank][out], float32."""
+
+    _fields_ = [("a", _PTR), ("bt", _PTR), ("rank", _LONG)]
 
 
 class NativeWeight(ctypes.Structure):
@@ -77,7 +84,7 @@ _SIGNATURES = {
         _LONG,  # the ISA, numbered as ISAS
         _LONG,  # a bf16 cache on AMX tiles
     ],
-    "decode_layer": [_PTR] * 9 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer": [_PTR] * 10 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "round_kv": [_PTR, _PTR, _LONG, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],

@@ -24,7 +24,7 @@ from turnstile.executor_svc.backends.packed_projection import (
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
 from turnstile.executor_svc.model.llama import LlamaModel, Weight
-from turnstile.executor_svc.model.lora import LoraWeights
+from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
@@ -154,17 +154,19 @@ class CpuNativeBackend(Backend):
         different codes, so one route keeps a token's result the same bits in any step (a
         request recomputed after a preemption or an executor's restart, or run alone or
         batched, generates the same tokens)."""
-        if self._native is None or layout.inputs.lora_segments:
+        if self._native is None:
             return Route.LAYERS
         if self._quantized or not len(layout.prefill_rows) or layout.short_prefill():
-            return Route.FUSED
-        return Route.SPLIT if len(layout.decode_rows) else Route.LAYERS
+            return Route.FUSED  # a LoRA adapter's rows too (`kernels/native/lora.c`)
+        split = len(layout.decode_rows) and not layout.inputs.lora_segments
+        return Route.SPLIT if split else Route.LAYERS
 
     def fused_layers(
-        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows
-    ) -> torch.Tensor:
+        self, hidden: torch.Tensor, positions: torch.Tensor, rows: FusedRows,
+        lora: LoraBatch | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         assert self._native is not None
-        return self._native(hidden, positions, rows.plan, rows.slot_mapping, self.kv_caches)
+        return self._native(hidden, positions, rows.plan, rows.slot_mapping, self.kv_caches, lora)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         return native_sampling.argmax(logits)

@@ -2,7 +2,8 @@
 instead of some twenty torch calls: with one or a few rows, Python and dispatch cost more than
 the arithmetic. A row is a decode, or a token of a short prefill chunk attending its sequence
 up to itself (`Route.FUSED`); long chunks take the model's layers, alone or beside decode rows
-(`Route.SPLIT`). Both read and write the same KV cache."""
+(`Route.SPLIT`). Both read and write the same KV cache. Rows that run a LoRA adapter get its
+pairs added after each projection (`kernels/native/lora.c`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from turnstile.executor_svc.backends.packed_projection import NativeProjection
 from turnstile.executor_svc.model.layer_weights import LayerWeights
+from turnstile.executor_svc.model.lora import FUSED, LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import Projection
 from turnstile.kernels import cpu_native, native_attention
 from turnstile.kernels.reference import DecodePlan
@@ -67,6 +69,7 @@ class NativeDecode:
         self._isa = cpu_native.ISAS.index(cpu_native.best_isa())
         self._tiles = tiles
         self._scratch = torch.empty(0)
+        self._lora: tuple[int, list[ctypes.Array], list[torch.Tensor]] | None = None
         # The structs the pointers below point at, kept alive as long as this object.
         self._descriptors = [
             [_projection(p).native_weight() for p in _projections(layer)] for layer in layers
@@ -92,6 +95,28 @@ class NativeDecode:
             self._scratch = torch.empty(floats, dtype=torch.float32)
         return self._scratch
 
+    def _lora_tables(self, weights: LoraWeights) -> list[ctypes.Array]:
+        """Each layer's pairs as lora.c reads them, [projection][slot], rebuilt only when an
+        adapter was added or dropped; B transposed so a row's share streams along `out`."""
+        if self._lora is None or self._lora[0] != weights.version:
+            count = 1 + max((slot for layer in weights.layers for pairs in layer.values()
+                             for slot in pairs), default=0)  # fmt: skip
+            kept: list[torch.Tensor] = []
+            tables = []
+            for layer in weights.layers:
+                projections = []
+                for name in FUSED:
+                    pairs = (cpu_native.LoraPair * count)()
+                    for slot, (a, b) in layer[name].items():
+                        a, bt = a.float().contiguous(), b.float().t().contiguous()
+                        kept += (a, bt)
+                        pairs[slot] = cpu_native.LoraPair(a.data_ptr(), bt.data_ptr(), a.shape[0])
+                    kept.append(pairs)  # type: ignore[arg-type]
+                    projections.append(ctypes.cast(pairs, ctypes.c_void_p))
+                tables.append((ctypes.c_void_p * len(FUSED))(*projections))
+            self._lora = (weights.version, tables, kept)
+        return self._lora[1]
+
     def __call__(
         self,
         hidden: torch.Tensor,
@@ -99,9 +124,10 @@ class NativeDecode:
         plan: DecodePlan,
         slot_mapping: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """The hidden states after the last layer (before the final norm); `hidden` is
-        updated in place."""
+        updated in place. `lora`: the rows that run adapters."""
         info, rows = self.info, hidden.shape[0]
         hidden = hidden.contiguous()
         rotations = self._rotations[positions].contiguous()
@@ -127,12 +153,19 @@ class NativeDecode:
             self._isa,
             self._tiles,
         )
+        tables: list[ctypes.Array | None] = [None] * len(self._weights)
+        if lora is not None:
+            tables = self._lora_tables(lora.weights)  # type: ignore[assignment]
+            adapters = torch.full((rows,), -1, dtype=torch.int64)
+            for slot, start, end in lora.segments:
+                adapters[lora.tokens[start:end]] = slot
+            step.adapters = adapters.data_ptr()
         pointer = ctypes.byref(step)
         with torch.profiler.record_function(PROFILE_LABEL):
-            layers = zip(kv_caches, self._weights, self._windows, strict=True)
-            for (k_cache, v_cache), weights, window in layers:
+            layers = zip(kv_caches, self._weights, self._windows, tables, strict=True)
+            for (k_cache, v_cache), weights, window, table in layers:
                 step.k_cache, step.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
                 step.window = window
-                if self._lib.decode_layer(hidden.data_ptr(), *weights, pointer):
+                if self._lib.decode_layer(hidden.data_ptr(), *weights, table, pointer):
                     raise MemoryError("a native decode layer could not allocate its buffers")
         return hidden

@@ -30,6 +30,7 @@ class LoraWeights:
 
     def __init__(self, info: ModelInfo, dtype: torch.dtype, device: torch.device) -> None:
         self.info, self.dtype, self.device = info, dtype, device
+        self.version = 0  # a new one each time an adapter is added or dropped
         self.layers: list[dict[str, dict[int, Pair]]] = [
             {name: {} for name in FUSED} for _ in range(info.num_layers)
         ]
@@ -47,11 +48,13 @@ class LoraWeights:
                 if pair is not None:
                     a, b = (t.to(device=self.device, dtype=self.dtype).contiguous() for t in pair)
                     projections[name][slot] = (a, b)
+        self.version += 1
 
     def drop(self, slot: int) -> None:
         for projections in self.layers:
             for pairs in projections.values():
                 pairs.pop(slot, None)
+        self.version += 1
 
 
 def _fused(

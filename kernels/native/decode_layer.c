@@ -36,6 +36,13 @@ typedef struct Weight {
     const float *scales;
 } Weight;
 
+/* LoRA adapters' pairs on a row's projections (lora.c). */
+typedef struct LoraPair LoraPair;
+void lora_add(const float *x, float *y, long rows, long in, long out, long ldy,
+              const long *adapters, const LoraPair *pairs);
+int lora_gated(const float *x, const Weight *gate_up, float *act, long rows, long hidden,
+               long intermediate, const long *adapters, const LoraPair *pairs, long isa);
+
 typedef struct {
     long rows, hidden, intermediate, heads, kv_heads, dim;
     float eps, scale;
@@ -50,6 +57,7 @@ typedef struct {
     long window;              /* this layer's sliding window; 0: full attention */
     long isa;                 /* the quantized products' tiles (quantized.c) */
     long tiles;               /* attention on AMX tiles (paged_decode_attention) */
+    const long *adapters;     /* [rows] each row's LoRA adapter, -1: none (lora.c) */
 } Step;
 
 /* y = x @ W.T (+ bias) (+ residual) on any packed weight; -1 where a quantized product could
@@ -127,33 +135,40 @@ void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
     }
 }
 
-/* -1 where a buffer could not be allocated. */
+/* -1 where a buffer could not be allocated. `lora`: the layer's LoRA pairs, [qkv, o_proj,
+ * gate_up, down][adapter], or NULL where no row runs an adapter. */
 int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, const float *qkv_bias,
                  const float *qk_norm, const Weight *o_proj, const float *post_norm,
-                 const Weight *gate_up, const Weight *down, const Step *s) {
+                 const Weight *gate_up, const Weight *down, const LoraPair *const *lora,
+                 const Step *s) {
     const long rows = s->rows, q_width = s->heads * s->dim, isa = s->isa;
-    const long qkv_width = q_width + 2 * s->kv_heads * s->dim;
+    const long qkv_width = q_width + 2 * s->kv_heads * s->dim, inner = s->intermediate;
     float *projected = s->scratch, *queries = projected + rows * qkv_width;
     float *attn = queries + rows * q_width, *x = attn + rows * q_width;
-    float *gu = x + rows * s->hidden, *act = gu + rows * 2 * s->intermediate;
+    float *gu = x + rows * s->hidden, *act = gu + rows * 2 * inner;
     rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);
     if (linear_weight(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
         return -1;
+    if (lora) lora_add(x, projected, rows, s->hidden, qkv_width, qkv_width, s->adapters, lora[0]);
     rotate_and_cache(s, projected, qk_norm, queries);
     if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
                                s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
                                s->block_size, s->scale, s->window, 0.0f, isa, s->tiles))
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
+    if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
-    if (gate_up->scales && s->intermediate % 16 == 0) { /* SiLU in the product's finish */
-        if (gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, s->intermediate,
-                             s->hidden))
+    if (gate_up->scales && inner % 16 == 0) { /* SiLU in the product's finish */
+        if (gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden))
+            return -1;
+        if (lora && lora_gated(x, gate_up, act, rows, s->hidden, inner, s->adapters, lora[2], isa))
             return -1;
     } else {
-        if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * s->intermediate, s->hidden, isa))
-            return -1;
-        silu_and_multiply(gu, act, rows, s->intermediate);
+        if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * inner, s->hidden, isa)) return -1;
+        if (lora) lora_add(x, gu, rows, s->hidden, 2 * inner, 2 * inner, s->adapters, lora[2]);
+        silu_and_multiply(gu, act, rows, inner);
     }
-    return linear_weight(act, down, hidden, NULL, hidden, rows, s->hidden, s->intermediate, isa);
+    if (linear_weight(act, down, hidden, NULL, hidden, rows, s->hidden, inner, isa)) return -1;
+    if (lora) lora_add(act, hidden, rows, inner, s->hidden, s->hidden, s->adapters, lora[3]);
+    return 0;
 }

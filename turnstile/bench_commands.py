@@ -69,6 +69,13 @@ def memory(args: argparse.Namespace) -> None:
         )
 
 
+def lora(args: argparse.Namespace) -> None:
+    from turnstile.bench.lora_bench import measure
+
+    for rows, cases in measure(args.rows, args.repeats).items():
+        print(f"{rows} rows: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cases.items()))
+
+
 def projections(args: argparse.Namespace) -> None:
     from turnstile.bench.projection_bench import measure
     from turnstile.kernels import cpu_native

@@ -9,6 +9,7 @@ from turnstile.bench_commands import (
     attention,
     compare,
     gpu,
+    lora,
     memory,
     offline,
     overlap,
@@ -145,6 +146,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--repeats", type=int, default=15)
     command.add_argument("--kv-cache-dtype", default="bfloat16", choices=TILES_CACHES)
     command.set_defaults(handler=attention)
+    command = bench.add_parser("lora", help="a LoRA adapter's cost to a decode step, offline")
+    command.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    command.add_argument("--repeats", type=int, default=5)
+    command.set_defaults(handler=lora)
     command = bench.add_parser("memory", help="resident memory after load against the file")
     command.add_argument("--model", help="a GGUF file or model folder (default: the embedded)")
     command.add_argument("--quantization", nargs="+", default=["gguf", "none"])

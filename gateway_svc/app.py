@@ -229,6 +229,7 @@ class Gateway:
 
     async def _start(self, request: Request, arrival: float) -> Generation:
         """The request checked, tokenized and sent to the scheduler as its choices."""
+        await self.served.find(request.model)
         lora = self.served.lora(request.model)
         chat = isinstance(request, ChatCompletionRequest)
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)

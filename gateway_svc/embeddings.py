@@ -82,6 +82,7 @@ class Embeddings:
         """The answer; `usage` counts the prompt tokens as they are known, for the log."""
         request_id = answer_id(http, None)  # the client's X-Request-Id, else a fresh one
         request = parse_body(await http.read(), EmbeddingRequest)
+        await self.models.find(request.model)
         lora = self.models.lora(request.model)
         info = self.tokenizer.info
         if info.pooling != "last":

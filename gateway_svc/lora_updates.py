@@ -3,11 +3,14 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING). `POST /v1/load_lora_adapter` checks a PEFT fo
 base model as `serve` checks `--lora-modules`, and gives it its name; `POST
 /v1/unload_lora_adapter` forgets the name (requests under way finish with it). The executor reads
 an adapter's weights when a request first names it. Names are this gateway process's, as vLLM's
-are its API server's."""
+are its API server's. With `--lora-resolver-cache-dir`, a request naming an adapter not loaded
+finds it as that folder's sub-folder of the name (`FolderResolver`, vLLM's filesystem
+resolver)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.openai_api import parse_body
 from turnstile.gateway_svc.request_types import refuse_unsupported, refused
 from turnstile.gateway_svc.served_models import ServedModels
-from turnstile.shared.lora import read_adapter
+from turnstile.shared.lora import CONFIG_FILE, Adapter, read_adapter
 from turnstile.shared.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -76,3 +79,31 @@ class LoraUpdates:
         return web.Response(
             text=f"Success: LoRA adapter '{request.lora_name}' removed successfully."
         )
+
+
+class FolderResolver:
+    """vLLM's filesystem resolver: the adapter `name` is `folder / name`, if that holds a PEFT
+    LoRA whose `base_model_name_or_path` is one of `base` (the --model given, the served
+    names); else None. One that is there and cannot be served is a 400 naming `model`."""
+
+    def __init__(self, folder: Path, base: set[str], info: ModelInfo, max_rank: int) -> None:
+        self.folder, self.base, self.info, self.max_rank = folder, base, info, max_rank
+
+    def __call__(self, name: str) -> Adapter | None:
+        if Path(name).name != name or name in (".", ".."):  # one folder below, no further
+            return None
+        path = self.folder / name
+        try:
+            config = json.loads((path / CONFIG_FILE).read_bytes())
+            found = config.get("peft_type") == "LORA"
+            found &= config.get("base_model_name_or_path") in self.base
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not found:
+            return None
+        try:
+            adapter = read_adapter(name, path, self.max_rank, self.info, "the LoRA adapter ")
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="model") from None
+        log.info("found the LoRA adapter %s in %s", name, path)
+        return adapter

@@ -4,6 +4,8 @@ reported) and each LoRA adapter's (`--lora-modules`, and those loaded at run tim
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from turnstile.gateway_svc.errors import ApiError
@@ -12,10 +14,22 @@ from turnstile.shared.protocol import LoraRef
 
 
 class ServedModels:
-    def __init__(self, names: list[str], adapters: list[Adapter], max_model_len: int) -> None:
+    def __init__(
+        self, names: list[str], adapters: list[Adapter], max_model_len: int,
+        resolve: Callable[[str], Adapter | None] | None = None,
+    ) -> None:  # fmt: skip
         self.names = names
         self.adapters = {adapter.name: adapter for adapter in adapters}
         self.max_model_len = max_model_len
+        self.resolve = resolve  # an adapter not loaded, found by its name (`FolderResolver`)
+
+    async def find(self, model: str | None) -> None:
+        """Where a resolver is set, an adapter `model` names that is not loaded yet, loaded."""
+        if self.resolve is None or model in (None, "", *self.names, *self.adapters):
+            return
+        adapter = await asyncio.to_thread(self.resolve, model)  # type: ignore[arg-type]
+        if adapter is not None:
+            self.adapters.setdefault(adapter.name, adapter)
 
     @property
     def base(self) -> str:

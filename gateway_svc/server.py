@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
@@ -14,7 +15,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
-from turnstile.gateway_svc.lora_updates import LoraUpdates
+from turnstile.gateway_svc.lora_updates import FolderResolver, LoraUpdates
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.gateway_svc.served_models import ServedModels
@@ -56,7 +57,12 @@ async def _serve(config: GatewayServiceConfig) -> None:
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
     names = settings.served_model_name or [served_name(model)]
     adapters = lora_adapters(config.lora, info, config.engine.tensor_parallel_size)
-    served = ServedModels(names, adapters, max_model_len)
+    resolver = None
+    if config.lora.lora_resolver_cache_dir is not None:
+        base = {config.engine.model, *names}
+        folder = Path(config.lora.lora_resolver_cache_dir)
+        resolver = FolderResolver(folder, base, info, config.lora.max_lora_rank)
+    served = ServedModels(names, adapters, max_model_len, resolver)
     gateway = Gateway(
         engine,
         tokenizer,

@@ -54,6 +54,13 @@ class LoraConfig:
         "read loaded",
     )
 
+    lora_resolver_cache_dir: str | None = setting(
+        None,
+        "a request naming an adapter not loaded finds it as this folder's sub-folder of that "
+        "name, if its adapter_config.json names --model (vLLM's VLLM_LORA_RESOLVER_CACHE_DIR; "
+        "needs --allow-runtime-lora-updating)",
+    )
+
     @property
     def kept_loaded(self) -> int:
         return self.max_loras or max(len(self.lora_modules or ()), 1)
@@ -79,11 +86,17 @@ def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1)
     ValueError naming the flag, the adapter and what it holds that would run wrongly."""
     modules = config.lora_modules or []
     if not config.enable_lora:
-        if modules:
-            raise ValueError("--lora-modules needs --enable-lora")
-        if config.allow_runtime_lora_updating:
-            raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
+        given = {"--lora-modules": modules, "--lora-resolver-cache-dir":
+                 config.lora_resolver_cache_dir, "--allow-runtime-lora-updating":
+                 config.allow_runtime_lora_updating}  # fmt: skip
+        for flag in (flag for flag, value in given.items() if value):
+            raise ValueError(f"{flag} needs --enable-lora")
         return []
+    folder = config.lora_resolver_cache_dir
+    if folder is not None and not config.allow_runtime_lora_updating:
+        raise ValueError("--lora-resolver-cache-dir needs --allow-runtime-lora-updating")
+    if folder is not None and not Path(folder).is_dir():
+        raise ValueError(f"--lora-resolver-cache-dir {folder}: not a folder")
     if tensor_parallel_size > 1:
         raise ValueError("--enable-lora runs with --tensor-parallel-size 1 only")
     if config.max_loras is not None and config.max_loras < 1:

@@ -70,6 +70,12 @@ def test_what_serve_refuses_at_start_names_the_adapter(
     assert "--allow-runtime-lora-updating needs --enable-lora" in refusal(
         enable_lora=False, allow_runtime_lora_updating=True
     )
+    assert "--lora-resolver-cache-dir needs --allow-runtime-lora-updating" in refusal(
+        lora_resolver_cache_dir=str(tmp_path)
+    )
+    assert "--lora-resolver-cache-dir /nowhere: not a folder" in refusal(
+        lora_resolver_cache_dir="/nowhere", allow_runtime_lora_updating=True
+    )
     assert "rank 8 is over --max-lora-rank 4" in refusal(first, max_lora_rank=4)
     assert "--tensor-parallel-size 1 only" in refusal(first, tp=2)
     assert "--max-loras 0: at least 1" in refusal(first, max_loras=0)

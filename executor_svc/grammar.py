@@ -9,6 +9,9 @@ constrained request, in the compile thread: an executor that never sees one neve
 A reasoning model's answer that starts inside its thinking (`SamplingParams.think_end`, its
 </think>) is constrained only after that token: its grammar waits for it, and a thinking budget
 leaves it the only token allowed once spent.
+
+A row that verifies drafted tokens (speculative decoding) needs a mask at each of its positions:
+its matcher takes the drafts one by one between them, and is rolled back after.
 """
 
 from __future__ import annotations
@@ -91,10 +94,13 @@ class Grammars:
         for req_id in req_ids.tolist():
             self._rows.pop(req_id, None)
 
-    def bitmask(self, req_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def bitmask(
+        self, req_ids: np.ndarray, drafts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """For the sampling rows (`req_ids`, in row order) whose next token is constrained:
         their row indices and their allowed tokens, 32 a word (bit j of word w: token 32w + j).
-        Waits for a grammar still compiling."""
+        Waits for a grammar still compiling. `drafts`: where rows verify drafts, the drafted
+        token each position follows (-1 at a row's first), in `req_ids`' order."""
         started = time.perf_counter()
         rows = [i for i, req_id in enumerate(req_ids.tolist()) if self._live(req_id)]
         if not rows:
@@ -103,35 +109,60 @@ class Grammars:
         if self._mask.shape[0] < len(rows):
             self._mask = torch.empty(max(len(rows), 2 * self._mask.shape[0]), words,
                                      dtype=torch.int32)  # fmt: skip
+        taken: dict[int, int] = {}  # drafts each matcher took, to roll back; -1: one it refused
         for k, i in enumerate(rows):
-            row = self._rows[int(req_ids[i])]
+            req_id = int(req_ids[i])
+            row = self._rows[req_id]
+            if drafts is not None and drafts[i] >= 0 and taken.get(req_id, 0) >= 0:
+                took = row.matcher.accept_token(int(drafts[i]))
+                if took:
+                    taken[req_id] = taken.get(req_id, 0) + 1
+                else:
+                    row.matcher.rollback(taken.pop(req_id, 0))
+                    taken[req_id] = -1
             if row.think_end >= 0:  # its thinking's budget is spent: only its end is allowed
                 self._mask[k] = 0
                 word, bit = divmod(row.think_end, 32)
                 self._mask[k, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32's bits
+            elif taken.get(req_id, 0) < 0 or row.matcher.is_terminated():
+                self._mask[k] = -1  # after a draft that cannot stand: never sampled from
             else:
                 row.matcher.fill_next_token_bitmask(self._mask, k)
+        for req_id, count in taken.items():
+            if count > 0:
+                self._rows[req_id].matcher.rollback(count)
         MASK_SECONDS.observe(time.perf_counter() - started)
         return np.array(rows, dtype=np.int64), self._mask[: len(rows)].numpy()
 
-    def accept(self, req_ids: np.ndarray, tokens: np.ndarray) -> None:
-        """The sampling rows' new tokens, into their matchers."""
-        for req_id, token in zip(req_ids.tolist(), tokens.tolist(), strict=True):
-            row = self._rows.get(req_id)
-            if row is not None and row.think_end >= 0:
-                if token == row.think_end and row.compiled is None:
-                    del self._rows[req_id]  # a budget alone: no step need wait for its tokens
-                elif token == row.think_end:
-                    row.think_end = -1  # the answer, and its grammar, start
-                elif row.budget > 0:
-                    row.budget -= 1
-                continue
-            if row is None or row.matcher is None or row.ended:
-                continue
-            if row.matcher.accept_token(token):
-                row.ended = row.matcher.is_terminated()
-            else:  # cannot happen while every live row is masked; end it rather than go on
-                self._fail(req_id, row, f"the grammar refused token {token}, which it allowed")
+    def accept(
+        self, req_ids: np.ndarray, tokens: np.ndarray, counts: np.ndarray | None = None
+    ) -> None:
+        """The sampling rows' new tokens, into their matchers: `counts` each, rows laid end
+        to end (drafts that stood and the token after them); one each without."""
+        ends = np.arange(1, len(req_ids) + 1) if counts is None else np.cumsum(counts)
+        starts = ends - (1 if counts is None else counts)
+        for req_id, start, end in zip(
+            req_ids.tolist(), starts.tolist(), ends.tolist(), strict=True
+        ):
+            for token in tokens[start:end].tolist():
+                self._accept(req_id, token)
+
+    def _accept(self, req_id: int, token: int) -> None:
+        row = self._rows.get(req_id)
+        if row is not None and row.think_end >= 0:
+            if token == row.think_end and row.compiled is None:
+                del self._rows[req_id]  # a budget alone: no step need wait for its tokens
+            elif token == row.think_end:
+                row.think_end = -1  # the answer, and its grammar, start
+            elif row.budget > 0:
+                row.budget -= 1
+            return
+        if row is None or row.matcher is None or row.ended:
+            return
+        if row.matcher.accept_token(token):
+            row.ended = row.matcher.is_terminated()
+        else:  # cannot happen while every live row is masked; end it rather than go on
+            self._fail(req_id, row, f"the grammar refused token {token}, which it allowed")
 
     def take_refused(self) -> list[tuple[int, str, str]]:
         """(req_id, "grammar", why) for the requests whose grammar failed them since the last

@@ -153,18 +153,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, step: DeviceStep, constrained: np.ndarray | None = None
-    ) -> tuple[Sampled, torch.Tensor | None, torch.Tensor | None]:
+        self, step: DeviceStep, constrained: np.ndarray | None = None,
+        drafts: np.ndarray | None = None,
+    ) -> tuple[Sampled, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
         """Forward and sample, all on the device, with no host sync (the tokens leave later,
         in a `HostCopy`); with the prompt logprobs asked for, their table; with embeddings,
-        their vectors. `constrained`: the sampling rows' request ids, where some have a
-        grammar."""
+        their vectors. `constrained`: the sampled positions' request ids, where some have a
+        grammar; `drafts`: the drafted token each position follows (`drafts_before`)."""
         hidden = self.backend.forward(step)
         last = hidden[step.logits_indices]
         logits = self.model.logits(last)
         embed_rows = step.sampling.device.get("embed_rows")
         vectors = None if embed_rows is None else last[embed_rows].float()
-        mask = None if constrained is None else self.grammars.bitmask(constrained)
+        mask = None if constrained is None else self.grammars.bitmask(constrained, drafts)
         if mask is not None:  # computed on the host while the device computes the logits
             rows, words = mask
             on = self._mask_staging.upload({"grammar_rows": rows, "grammar_mask": words})
@@ -203,32 +204,29 @@ class ModelRunner:
         req_ids = self.applier.batch.req_ids[inputs.sample_rows]  # a sampled position's each
         req_ids = req_ids if drafted is None else np.repeat(req_ids, drafted + 1)
         grammars = bool(self.grammars)
-        sampled, table, vectors = self.run(step, req_ids if grammars else None)
+        drafts = self.applier.drafts_before() if grammars else None
+        sampled, table, vectors = self.run(step, req_ids if grammars else None, drafts)
         reserved = self.applier.reserve()
         prompt = step.sampling.host.prompt
         embedded = step.sampling.host.embed_rows
 
         def finish(tokens: np.ndarray, logprobs: Logprobs) -> StepResult:
-            counts, last = b"", tokens
+            kept = None
             if drafted is not None:
                 verified = self.applier.verify(reserved, drafted, tokens)
-                tokens, counts, last = (
-                    tokens[verified.kept],
-                    pack_ids(verified.counts),
-                    verified.last,
-                )
+                tokens, kept = tokens[verified.kept], verified.counts
                 logprobs = [logprobs[i] for i in verified.kept.tolist()]
             else:
                 self.applier.fill(reserved, tokens)
             if grammars:
-                self.grammars.accept(reserved.req_ids, last)
+                self.grammars.accept(reserved.req_ids, tokens, kept)
             prompt_logprobs = (
                 [] if prompt is None or table is None else fold(prompt, table.cpu().numpy())
             )
             return StepResult(
                 step=plan.step,
                 sampled=pack_ids(tokens),
-                num_sampled=counts,
+                num_sampled=b"" if kept is None else pack_ids(kept),
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 refused=self.grammars.take_refused() + self.adapters.take_refused(),

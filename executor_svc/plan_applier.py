@@ -151,6 +151,22 @@ class PlanApplier:
         self.batch.keep_drafted(reserved.rows[rows], reserved.at[rows] - drafted[rows], emitted)
         return Verified(kept, counts, last)
 
+    def drafts_before(self) -> np.ndarray | None:
+        """For the last step's sampled positions, the drafted token each follows (-1 at a
+        row's first), where rows have drafts; before `reserve`."""
+        if self.drafted is None:
+            return None
+        per = self.drafted + 1
+        found = np.full(int(per.sum()), -1, dtype=np.int64)
+        starts = np.cumsum(per) - per
+        for i in np.flatnonzero(self.drafted).tolist():
+            slot, count = self._sample_rows[i], int(self.drafted[i])
+            end = int(self.batch.num_tokens[slot])
+            found[starts[i] + 1 : starts[i] + 1 + count] = self.batch.tokens[
+                slot, end - count : end
+            ]
+        return found
+
     def commit(self, sampled: np.ndarray) -> None:
         """Record the tokens sampled for `StepInputs.sample_rows`; they are next step's inputs."""
         self.fill(self.reserve(), sampled)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstile.scheduler_svc.block_pool import salt_root
-from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, constrains, unpack_ids
+from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
@@ -45,9 +45,9 @@ class Request:
     # only within one salt and one adapter, whose KV differs. 0: neither.
     cache_root: int = 0
     lora: LoraRef | None = None  # its LoRA adapter
-    # Whether it may verify drafted tokens (speculative decoding): not under a grammar or a
-    # thinking budget (their matchers follow tokens on the host), nor for its prompt's logprobs
-    # or an embedding.
+    # Whether it may verify drafted tokens (speculative decoding): a grammar's matcher takes
+    # the drafts in turn; not a reasoning model's answer (its thinking's end and budget are
+    # followed on the host token by token), nor for its prompt's logprobs or an embedding.
     speculates: bool = False
 
     @classmethod
@@ -81,7 +81,8 @@ class Request:
 
 
 def may_speculate(sampling: SamplingParams) -> bool:
-    return not (constrains(sampling) or sampling.embed or sampling.prompt_logprobs is not None)
+    thinking = sampling.think_end >= 0 or sampling.thinking_budget >= 0
+    return not (thinking or sampling.embed or sampling.prompt_logprobs is not None)
 
 
 def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:

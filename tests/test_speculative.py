@@ -136,7 +136,7 @@ def test_answers_equal_plain_decodings_token_for_token(
         "penalized": (copy, SamplingParams(frequency_penalty=0.3, presence_penalty=0.2), 40, []),
         "repeating": (copy, SamplingParams(repetition_penalty=1.1), 40, []),
         "cut": (copy, SamplingParams(), 13, []),
-        # a grammar's row never drafts; its mask goes to its own position among the drafts'
+        # a grammar's row drafts too: each position masked as the drafts before it leave it
         "grammar": (count, SamplingParams(grammar=Grammar("regex", "( [0-9]+,){1,9}")), 20, []),
     }
     first = plain.generate([AddRequest(0, copy, 60)])[0].token_ids
@@ -166,6 +166,30 @@ def test_answers_equal_plain_decodings_token_for_token(
     assert len(run(plain)[-1].token_ids) < 60  # the stop token ended it, inside a draft or not
     stats = speculating.scheduler.stats
     assert 0 < stats.spec_accepted_tokens - before < stats.spec_draft_tokens
+    assert speculating.scheduler.pool.num_used == 0
+
+
+@pytest.mark.slow
+def test_a_grammars_drafts_stand_and_its_answer_is_plain_decodings(
+    engines: tuple[OfflineEngine, OfflineEngine, Tokenizer],
+) -> None:
+    """A JSON schema's answer repeats its keys, so its drafts stand often: each drafted
+    position's mask is the matcher's after the drafts before it (taken, then rolled back)."""
+    plain, speculating, tokenizer = engines
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "id": {"type":
+              "integer"}}, "required": ["name", "id"], "additionalProperties": False}  # fmt: skip
+    schema = {"type": "array", "items": person, "minItems": 4, "maxItems": 4}
+    text = 'Four people as JSON, like [{"name": "Ann", "id": 1}, {"name": "Bob", "id": 2}]:'
+    sampling = SamplingParams(grammar=Grammar("json", json.dumps(schema)))
+    stats = speculating.scheduler.stats
+    before = stats.spec_draft_tokens, stats.spec_accepted_tokens
+    ours, theirs = (
+        engine.generate([AddRequest(0, pack_ids(tokenizer.encode(text)), 120, sampling)])[0]
+        for engine in (speculating, plain)
+    )
+    assert (ours.token_ids, ours.finish_reason) == (theirs.token_ids, theirs.finish_reason)
+    assert ours.finish_reason == "stop" and len(json.loads(tokenizer.decode(ours.token_ids))) == 4
+    assert stats.spec_accepted_tokens - before[1] > 0 and stats.spec_draft_tokens > before[0]
     assert speculating.scheduler.pool.num_used == 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstile.scheduler_svc.block_pool import salt_root
-from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, unpack_ids
+from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, constrains, unpack_ids
 
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
@@ -46,8 +46,7 @@ class Request:
     cache_root: int = 0
     lora: LoraRef | None = None  # its LoRA adapter
     # Whether it may verify drafted tokens (speculative decoding): a grammar's matcher takes
-    # the drafts in turn; not a reasoning model's answer (its thinking's end and budget are
-    # followed on the host token by token), nor for its prompt's logprobs or an embedding.
+    # the drafts in turn (`may_speculate`).
     speculates: bool = False
 
     @classmethod
@@ -81,7 +80,9 @@ class Request:
 
 
 def may_speculate(sampling: SamplingParams) -> bool:
-    thinking = sampling.think_end >= 0 or sampling.thinking_budget >= 0
+    """Not where the executor follows a reasoning model's thinking on the host, token by token:
+    a thinking budget, or a grammar waiting for the thinking's end."""
+    thinking = sampling.thinking_budget >= 0 or (constrains(sampling) and sampling.think_end >= 0)
     return not (thinking or sampling.embed or sampling.prompt_logprobs is not None)
 
 

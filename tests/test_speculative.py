@@ -19,6 +19,7 @@ from turnstile.bench.server_process import launched_server
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.offline import Completion, OfflineEngine
 from turnstile.scheduler_svc.ngram_drafter import lookup
+from turnstile.scheduler_svc.request import may_speculate
 from turnstile.shared.config import SchedulerConfig, SchedulingConfig
 from turnstile.shared.protocol import AddRequest, Grammar, SamplingParams, pack_ids
 from turnstile.shared.settings import build
@@ -37,6 +38,20 @@ def test_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     assert lookup(tokens, 9, 4, 4).tolist() == []  # no earlier [2 3 ... ] of four tokens
     assert lookup(np.array([7, 8, 9]), 3, 1, 3).tolist() == []
     assert lookup(np.array([5, 5, 5]), 3, 1, 2).tolist() == [5]  # overlapping, cut at the end
+
+
+def test_which_requests_draft() -> None:
+    """A grammar's rows draft, and a reasoning model's answer does unless the executor follows
+    its thinking token by token (a budget, or a grammar waiting for the thinking's end)."""
+    grammar = Grammar("regex", "[0-9]+")
+    drafting = [SamplingParams(), SamplingParams(grammar=grammar), SamplingParams(think_end=5),
+                SamplingParams(bad_words=[[1, 2]], min_tokens=3)]  # fmt: skip
+    assert all(may_speculate(sampling) for sampling in drafting)
+    plain = [
+        SamplingParams(think_end=5, grammar=grammar), SamplingParams(prompt_logprobs=1),
+        SamplingParams(think_end=5, thinking_budget=9), SamplingParams(embed=True),
+    ]  # fmt: skip
+    assert not any(may_speculate(sampling) for sampling in plain)
 
 
 def test_settings_are_vllms_and_what_is_not_served_is_refused() -> None:

@@ -82,9 +82,9 @@ class ModelRunner:
         ]
         self.enable_lora = config.lora.enable_lora
         dtype = self.model.activation_dtype
-        lora = LoraWeights(self.info, dtype, self.device) if self.enable_lora else None
+        lora = LoraWeights(self.info, dtype, self.device, self.tp) if self.enable_lora else None
         self.adapters = Adapters(config.lora, self.info, lora)
-        named = lora_adapters(config.lora, self.info, engine.tensor_parallel_size)
+        named = lora_adapters(config.lora, self.info)
         self.adapters.preload([adapter.ref for adapter in named])
         self.backend.bind(self.model, self.kv_caches, lora)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)

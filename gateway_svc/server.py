@@ -56,7 +56,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
     parser = settings.reasoning_parser
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
     names = settings.served_model_name or [served_name(model)]
-    adapters = lora_adapters(config.lora, info, config.engine.tensor_parallel_size)
+    adapters = lora_adapters(config.lora, info)
     resolver = None
     if config.lora.lora_resolver_cache_dir is not None:
         base = {config.engine.model, *names}

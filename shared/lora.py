@@ -81,7 +81,7 @@ class Adapter:
         return LoraRef(self.name, str(self.path), self.digest)
 
 
-def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1) -> list[Adapter]:
+def adapters(config: LoraConfig, info: ModelInfo) -> list[Adapter]:
     """The adapters `config` names, each checked against the base model `info`; raises
     ValueError naming the flag, the adapter and what it holds that would run wrongly."""
     modules = config.lora_modules or []
@@ -97,8 +97,6 @@ def adapters(config: LoraConfig, info: ModelInfo, tensor_parallel_size: int = 1)
         raise ValueError("--lora-resolver-cache-dir needs --allow-runtime-lora-updating")
     if folder is not None and not Path(folder).is_dir():
         raise ValueError(f"--lora-resolver-cache-dir {folder}: not a folder")
-    if tensor_parallel_size > 1:
-        raise ValueError("--enable-lora runs with --tensor-parallel-size 1 only")
     if config.max_loras is not None and config.max_loras < 1:
         raise ValueError(f"--max-loras {config.max_loras}: at least 1")
     found = []

@@ -14,6 +14,8 @@ import openai
 import pytest
 from lora_stack import PROMPTS, adapter_dirs, base, client, complete, expected, resolved, server
 
+from turnstile.bench.server_process import launched_server
+
 pytestmark = pytest.mark.slow  # starts a stack, runs transformers and PEFT
 # Fixtures pytest hands the tests by name; imported, so each module has its own stack.
 FIXTURES = (adapter_dirs, base, client, expected, resolved, server)
@@ -53,3 +55,23 @@ def test_models_lists_the_adapters_and_an_unknown_name_is_refused(
     with pytest.raises(openai.NotFoundError) as refused:
         complete(client, "third", PROMPTS[1])
     assert refused.value.body["param"] == "model"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])  # 4: more ranks than KV heads, each kept by two
+def test_tensor_parallel_ranks_run_each_adapter_as_peft_does(
+    base: Path, adapter_dirs: dict[str, Path], expected: dict[str, list[list[int]]], ranks: int
+) -> None:
+    """Each rank keeps its share of an adapter's pairs as of the base weights: B's rows of its
+    heads and intermediate dims, A's columns of its input to o and down."""
+    modules = [f"{name}={folder}" for name, folder in adapter_dirs.items()]
+    with launched_server(
+        "--model", str(base), "--dtype", "float32", "--served-model-name", "base",
+        "--enable-lora", "--lora-modules", *modules, "--max-lora-rank", "8",
+        "--tensor-parallel-size", str(ranks),
+    ) as server:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        asks = [(name, i) for name in expected for i in range(len(PROMPTS))]
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(lambda ask: complete(client, ask[0], PROMPTS[ask[1]]), asks))
+    for (name, i), answer in zip(asks, answers, strict=True):
+        assert answer.choices[0].token_ids == expected[name][i], (name, i)  # type: ignore[attr-defined]

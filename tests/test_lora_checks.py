@@ -57,10 +57,10 @@ def test_what_serve_refuses_at_start_names_the_adapter(
 ) -> None:
     first = f"first={adapter_dirs['r8']}"
 
-    def refusal(*modules: str, tp: int = 1, **settings: object) -> str:
+    def refusal(*modules: str, **settings: object) -> str:
         config = LoraConfig(**{"enable_lora": True, "lora_modules": list(modules)} | settings)
         with pytest.raises(ValueError) as refused:
-            adapters(config, info, tp)
+            adapters(config, info)
         return str(refused.value)
 
     found = adapters(LoraConfig(enable_lora=True, lora_modules=[first]), info)[0]
@@ -77,7 +77,6 @@ def test_what_serve_refuses_at_start_names_the_adapter(
         lora_resolver_cache_dir="/nowhere", allow_runtime_lora_updating=True
     )
     assert "rank 8 is over --max-lora-rank 4" in refusal(first, max_lora_rank=4)
-    assert "--tensor-parallel-size 1 only" in refusal(first, tp=2)
     assert "--max-loras 0: at least 1" in refusal(first, max_loras=0)
     assert "a name given twice" in refusal(first, first)
     assert "expected NAME=PATH" in refusal(str(adapter_dirs["r8"]))

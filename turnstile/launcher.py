@@ -162,7 +162,7 @@ def serve(config: ServeConfig) -> None:
                 "each decode computes a token a step"
             )
         check_sharding(info, config.engine.tensor_parallel_size)
-        lora_adapters(config.lora, info, config.engine.tensor_parallel_size)  # each one checked
+        lora_adapters(config.lora, info)  # each one checked
         if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
             ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:

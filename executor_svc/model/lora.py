@@ -5,7 +5,11 @@ one pair of small matmuls an adapter a projection.
 PEFT keeps one A [rank, in] and one B [out, rank] a module. The model fuses q, k and v (and gate
 and up) into one projection, so their As are stacked and their Bs set block-diagonal: one pair
 gives the fused output's rows, q's and k's in the model's rotary order
-(`interleave_rotary_halves`). The scaling is folded into B."""
+(`interleave_rotary_halves`). The scaling is folded into B.
+
+Under tensor parallelism a rank keeps its share as it keeps the base weights'
+(`tensor_parallel.py`): B's rows of its heads (qkv) or intermediate dims (gate-up), A's columns
+of its input (o, down), whose partial products the layer's all-reduce sums with the rest."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch
 from safetensors.torch import load
 
 from turnstile.executor_svc.model.rope import interleave_rotary_halves
+from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.shared.lora import Adapter, module_shapes
 from turnstile.shared.model_info import ModelInfo
 
@@ -28,8 +33,11 @@ Pair = tuple[torch.Tensor, torch.Tensor]  # A [rank, in], B [out, rank]
 class LoraWeights:
     """The loaded adapters' pairs, by layer, then projection, then the executor's own slot."""
 
-    def __init__(self, info: ModelInfo, dtype: torch.dtype, device: torch.device) -> None:
-        self.info, self.dtype, self.device = info, dtype, device
+    def __init__(
+        self, info: ModelInfo, dtype: torch.dtype, device: torch.device,
+        tp: TensorParallel = SINGLE,
+    ) -> None:  # fmt: skip
+        self.info, self.dtype, self.device, self.tp = info, dtype, device, tp
         self.version = 0  # a new one each time an adapter is added or dropped
         self.layers: list[dict[str, dict[int, Pair]]] = [
             {name: {} for name in FUSED} for _ in range(info.num_layers)
@@ -46,9 +54,28 @@ class LoraWeights:
                 pair = _fused(self.info, modules, [parts.get((layer, m)) for m in modules],
                               adapter.scaling)  # fmt: skip
                 if pair is not None:
+                    pair = self._share(name, *pair)
                     a, b = (t.to(device=self.device, dtype=self.dtype).contiguous() for t in pair)
                     projections[name][slot] = (a, b)
         self.version += 1
+
+    def _share(self, name: str, a: torch.Tensor, b: torch.Tensor) -> Pair:
+        """This rank's part of a fused projection's pair."""
+        if self.tp.size == 1:
+            return a, b
+        info, dim = self.info, self.info.head_dim
+        queries, kv = self.tp.heads(info)
+        inner = self.tp.intermediate(info.intermediate_size)
+        if name == "qkv":  # B's rows [q | k | v], each rank's heads of each
+            q, k = info.num_heads * dim, info.num_kv_heads * dim
+            rows = [torch.arange(s.start * dim, s.stop * dim) + at
+                    for s, at in ((queries, 0), (kv, q), (kv, q + k))]  # fmt: skip
+            return a, b[torch.cat(rows)]
+        if name == "gate_up":  # B's rows [gate | up], each rank's intermediate dims of each
+            size = info.intermediate_size
+            return a, b[torch.cat([torch.arange(inner.start, inner.stop) + at for at in (0, size)])]
+        columns = slice(queries.start * dim, queries.stop * dim) if name == "o_proj" else inner
+        return a[:, columns], b
 
     def drop(self, slot: int) -> None:
         for projections in self.layers:

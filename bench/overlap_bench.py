@@ -56,7 +56,7 @@ class FixedTimeRunner:
         self.max_model_len = info.max_model_len
         self.num_blocks = engine.max_num_seqs * (self.max_model_len // engine.block_size)
         self.load_seconds = 0.0
-        self.enable_lora = False  # scripted tokens: no adapter
+        self.max_loras = 0  # scripted tokens: no adapter
         self.reset(1)
 
     def reset(self, first_step: int) -> None:

@@ -81,6 +81,7 @@ class ModelRunner:
             (self._zeros(shape), self._zeros(shape)) for _ in range(self.info.num_layers)
         ]
         self.enable_lora = config.lora.enable_lora
+        self.max_loras = config.lora.kept_loaded if self.enable_lora else 0
         dtype = self.model.activation_dtype
         lora = LoraWeights(self.info, dtype, self.device, self.tp) if self.enable_lora else None
         self.adapters = Adapters(config.lora, self.info, lora)

@@ -58,7 +58,7 @@ class PlanRunner(Protocol):
     info: ModelInfo
     num_blocks: int
     max_model_len: int
-    enable_lora: bool  # whether it runs requests' LoRA adapters
+    max_loras: int  # the LoRA adapters it keeps loaded; 0: it runs none (`Register`)
     load_seconds: float
 
     def launch(self, plan: BatchPlan) -> PendingStep: ...
@@ -86,7 +86,7 @@ def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:
         block_size=engine.block_size,
         max_num_seqs=engine.max_num_seqs,
         max_model_len=runner.max_model_len,
-        enable_lora=runner.enable_lora,
+        max_loras=runner.max_loras,
     )
     _register(socket, codec, hello, runner)
     log.info("executor ready (%.1f s to load)", runner.load_seconds)

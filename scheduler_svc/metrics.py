@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from turnstile.scheduler_svc.request import Status
 from turnstile.scheduler_svc.scheduler import Scheduler
 
 
@@ -60,9 +61,19 @@ class SchedulerMetrics:
             "Encoded batch plan size",
             buckets=(16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536),
         )
+        # vLLM's: the adapters of the running and waiting requests, as labels of a series whose
+        # value is when they were seen (a LoRA-aware router reads the latest).
+        self.lora_info = Gauge(
+            "turnstile:lora_requests_info", "LoRA adapters of the running and waiting requests",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
         self._seen = (0,) * 8
 
-    def observe(self, scheduler: Scheduler) -> None:
+    def observe(self, scheduler: Scheduler, max_loras: int = 0) -> None:
+        """Every series from the scheduler's state; `max_loras`: the executors' (0: no LoRA)."""
+        if max_loras:
+            self._observe_adapters(scheduler, max_loras)
         stats = scheduler.stats
         pool = scheduler.pool
         self.running.set(len(scheduler.batch))
@@ -94,3 +105,11 @@ class SchedulerMetrics:
             if value > seen:
                 counter.inc(value - seen)
         self._seen = now
+
+    def _observe_adapters(self, scheduler: Scheduler, max_loras: int) -> None:
+        names: dict[Status, set[str]] = {Status.RUNNING: set(), Status.WAITING: set()}
+        for req in scheduler.lifecycle.requests.values():
+            if req.lora is not None and req.status in names:
+                names[req.status].add(req.lora.name)
+        running, waiting = (",".join(sorted(names[s])) for s in (Status.RUNNING, Status.WAITING))
+        self.lora_info.labels(str(max_loras), waiting, running).set_to_current_time()

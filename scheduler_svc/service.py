@@ -216,7 +216,7 @@ class SchedulerService:
                     ),
                     scheduling=self.config.scheduling,
                     sliding_window=self.model.kv_window,
-                    enable_lora=hello.enable_lora,
+                    enable_lora=hello.max_loras > 0,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,
@@ -292,7 +292,8 @@ class SchedulerService:
             self._flush_finished()
         self.gateways.release(scheduler.requests if scheduler else ())
         if scheduler is not None:
-            self.metrics.observe(scheduler)
+            max_loras = max((offer.max_loras for offer in self.link.offers.values()), default=0)
+            self.metrics.observe(scheduler, max_loras)
 
 
 def serve_scheduler(config: SchedulerServiceConfig) -> None:

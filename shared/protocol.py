@@ -245,7 +245,7 @@ class Register(msgspec.Struct, array_like=True, frozen=True, tag=6):
     block_size: int
     max_num_seqs: int
     max_model_len: int
-    enable_lora: bool = False  # whether it runs requests' LoRA adapters
+    max_loras: int = 0  # the LoRA adapters it keeps loaded (`--max-loras`); 0: it runs none
 
 
 class RegisterReply(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, tag=7):

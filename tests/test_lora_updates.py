@@ -183,3 +183,26 @@ def test_an_adapter_is_found_in_the_resolver_folder_by_its_name(
         "base_model_name_or_path"
     ] == str(base)
     assert post(server, "unload_lora_adapter", lora_name="fourth")[0] == 200
+
+
+def test_the_adapters_of_running_requests_are_a_series_as_vllms(
+    client: openai.OpenAI, server: Server
+) -> None:
+    """`turnstile:lora_requests_info` (vLLM's `vllm:lora_requests_info`, which LoRA-aware
+    routers read): the adapters of the running and waiting requests as labels, the value when
+    they were seen."""
+
+    def seen() -> list[str]:
+        return [name for name in server.scrape() if name.startswith("turnstile:lora_requests_info")]
+
+    long = [300 + i % 50 for i in range(60)]
+    deadline = time.monotonic() + 60
+    with ThreadPoolExecutor(4) as pool:
+        while not any('running_lora_adapters="first,second"' in name for name in seen()):
+            assert time.monotonic() < deadline, seen()
+            asks = [pool.submit(client.completions.create, model=name, prompt=long,
+                                max_tokens=150, extra_body={"ignore_eos": True})
+                    for name in ("first", "second")]  # fmt: skip
+            for ask in asks:
+                ask.result()
+    assert all('max_lora="2"' in name for name in seen())

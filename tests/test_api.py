@@ -120,6 +120,7 @@ def test_32_concurrent_streams_all_finish(service: Server) -> None:
 def test_greedy_over_http_equals_turnstile_generate(client: openai.OpenAI, tmp_path: Path) -> None:
     lines = [{"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
              for q in QUESTIONS]  # fmt: skip
+    lines[0]["response_format"] = {"type": "json_object"}  # held to as served
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     subprocess.run(

@@ -7,6 +7,9 @@ and on the files alone: `test_lora_checks.py`."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,3 +78,31 @@ def test_tensor_parallel_ranks_run_each_adapter_as_peft_does(
             answers = list(pool.map(lambda ask: complete(client, ask[0], PROMPTS[ask[1]]), asks))
     for (name, i), answer in zip(asks, answers, strict=True):
         assert answer.choices[0].token_ids == expected[name][i], (name, i)  # type: ignore[attr-defined]
+
+
+def test_turnstile_generate_runs_each_lines_adapter(
+    base: Path, adapter_dirs: dict[str, Path], expected: dict[str, list[list[int]]],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Offline, a line's `model` names its adapter, as served; a name not served, and a field
+    the output has no place for, are that line's error."""
+    lines = [
+        {"model": model, "prompt": PROMPTS[i], "max_tokens": 12, "temperature": 0,
+         "ignore_eos": True} for model in ("first", "second", None) for i in (0, 1)
+    ]  # fmt: skip
+    lines += [lines[0] | {"model": "third"}, lines[0] | {"logprobs": 2}]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    modules = [f"{name}={folder}" for name, folder in adapter_dirs.items()]
+    subprocess.run(
+        [sys.executable, "-m", "turnstile.cli", "generate", "--input", str(source),
+         "--output", str(target), "--model", str(base), "--dtype", "float32", "--enable-lora",
+         "--lora-modules", *modules, "--max-lora-rank", "8"],
+        check=True, timeout=300,
+    )  # fmt: skip
+    results = [json.loads(line) for line in target.read_text().splitlines()]
+    for line, result in zip(lines[:6], results[:6], strict=True):
+        assert (
+            result["token_ids"] == expected[line["model"] or "base"][PROMPTS.index(line["prompt"])]
+        )
+    assert "does not exist" in results[6]["error"] and "logprobs" in results[7]["error"]

@@ -1,5 +1,8 @@
 """`turnstile generate`: JSON lines in, JSON lines out, every line run together through the
-same scheduler and executor code as the service (and the same request validation)."""
+same scheduler and executor code as the service (and the same request validation). A line's
+`model` names the served model or a `--lora-modules` adapter; its output constraint
+(`response_format`, `structured_outputs`, a forced tool call) holds as served. What a line's
+record cannot carry (logprobs, echo, a stream) is refused on that line, naming the field."""
 
 from __future__ import annotations
 
@@ -13,16 +16,51 @@ from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.openai_api import engine_request, hidden_token_ids, parse, prompts_of
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.gateway_svc.served_models import ServedModels
+from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.text_stream import TextStream
+from turnstile.gateway_svc.tool_calls import forced_call, tool_mode
 from turnstile.offline import OfflineEngine
 from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.lora import adapters
+from turnstile.shared.model_info import served_name
+from turnstile.shared.protocol import AddRequest
 from turnstile.shared.tokenizer import Tokenizer
+
+# Fields a line's record has no place for: refused unless left out, null or false.
+UNWRITTEN = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "stream")
+
+
+def _message(
+    request: CompletionRequest | ChatCompletionRequest, served: ServedModels,
+    tokenizer: Tokenizer, engine: OfflineEngine, defaults: dict[str, float],
+) -> AddRequest:  # fmt: skip
+    """The line's request for the scheduler, as the gateway builds it; ApiError if it cannot
+    run offline."""
+    for name in UNWRITTEN:
+        if (value := getattr(request, name, None)) is not None and value is not False:
+            raise ApiError(400, f"{name}: generate writes tokens and text only", param=name)
+    lora = served.lora(request.model)
+    chat = isinstance(request, ChatCompletionRequest)
+    tools = tool_mode(request, None) if chat else None
+    constraint = grammar_of(request, forced_call(request, tools) if chat else None)
+    prompts = prompts_of(request, tokenizer)
+    if len(prompts) > 1 or (request.n or 1) > 1:
+        raise ApiError(400, "generate runs one prompt and one choice per line")
+    return engine_request(
+        request, prompts[0], engine.runner.max_model_len, tokenizer, defaults,
+        grammar=None if constraint is None else constraint[1], lora=lora,
+    )  # fmt: skip
 
 
 def generate_file(
     source: Path, target: Path, config: RunnerConfig, scheduling: SchedulingConfig
 ) -> None:
     engine = OfflineEngine(config, scheduling)
+    names = [served_name(config.model_path)]
+    served = ServedModels(
+        names, adapters(config.lora, engine.runner.info), engine.runner.max_model_len
+    )
     defaults = model_sampling_defaults(engine.runner.info.sampling_defaults)  # as served: auto
     tokenizer = Tokenizer(config.model_path, engine.runner.info)
     lines = [line for line in source.read_text().splitlines() if line.strip()]
@@ -35,12 +73,7 @@ def generate_file(
         kind = ChatCompletionRequest if "messages" in record else CompletionRequest
         try:
             request = parse(line.encode(), kind)
-            prompts = prompts_of(request, tokenizer)
-            if len(prompts) > 1 or (request.n or 1) > 1:
-                raise ApiError(400, "generate runs one prompt and one choice per line")
-            message = engine_request(
-                request, prompts[0], engine.runner.max_model_len, tokenizer, defaults
-            )
+            message = _message(request, served, tokenizer, engine, defaults)
         except ApiError as exc:
             record.update(token_ids=[], text="", finish_reason="error", error=exc.message)
             continue

@@ -90,7 +90,8 @@ def test_turnstile_generate_runs_each_lines_adapter(
         {"model": model, "prompt": PROMPTS[i], "max_tokens": 12, "temperature": 0,
          "ignore_eos": True} for model in ("first", "second", None) for i in (0, 1)
     ]  # fmt: skip
-    lines += [lines[0] | {"model": "third"}, lines[0] | {"logprobs": 2}]
+    lines += [lines[0] | {"model": "third"}, lines[0] | {"logprobs": 2},
+              lines[3] | {"prompt": [9, 9, *PROMPTS[1]], "truncate_prompt_tokens": 4}]  # fmt: skip
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     modules = [f"{name}={folder}" for name, folder in adapter_dirs.items()]
@@ -106,3 +107,4 @@ def test_turnstile_generate_runs_each_lines_adapter(
             result["token_ids"] == expected[line["model"] or "base"][PROMPTS.index(line["prompt"])]
         )
     assert "does not exist" in results[6]["error"] and "logprobs" in results[7]["error"]
+    assert results[8]["token_ids"] == results[3]["token_ids"]  # its last 4 tokens: PROMPTS[1]

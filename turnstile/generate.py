@@ -1,7 +1,8 @@
 """`turnstile generate`: JSON lines in, JSON lines out, every line run together through the
 same scheduler and executor code as the service (and the same request validation). A line's
 `model` names the served model or a `--lora-modules` adapter; its output constraint
-(`response_format`, `structured_outputs`, a forced tool call) holds as served. What a line's
+(`response_format`, `structured_outputs`, a forced tool call) and `truncate_prompt_tokens`
+hold as served. What a line's
 record cannot carry (logprobs, echo, a stream) is refused on that line, naming the field."""
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import msgspec
 
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.openai_api import engine_request, hidden_token_ids, parse, prompts_of
+from turnstile.gateway_svc.openai_api import (
+    engine_request,
+    hidden_token_ids,
+    parse,
+    prompts_of,
+    truncated,
+)
+from turnstile.gateway_svc.reasoning import answer_thinks
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.gateway_svc.served_models import ServedModels
@@ -44,9 +52,10 @@ def _message(
     chat = isinstance(request, ChatCompletionRequest)
     tools = tool_mode(request, None) if chat else None
     constraint = grammar_of(request, forced_call(request, tools) if chat else None)
-    prompts = prompts_of(request, tokenizer)
+    prompts = truncated(prompts_of(request, tokenizer), request, engine.runner.max_model_len)
     if len(prompts) > 1 or (request.n or 1) > 1:
         raise ApiError(400, "generate runs one prompt and one choice per line")
+    answer_thinks(request, None, prompts[0], tokenizer)  # no reasoning parser offline
     return engine_request(
         request, prompts[0], engine.runner.max_model_len, tokenizer, defaults,
         grammar=None if constraint is None else constraint[1], lora=lora,

@@ -2,8 +2,8 @@
 same scheduler and executor code as the service (and the same request validation). A line's
 `model` names the served model or a `--lora-modules` adapter; its output constraint
 (`response_format`, `structured_outputs`, a forced tool call) and `truncate_prompt_tokens`
-hold as served. What a line's
-record cannot carry (logprobs, echo, a stream) is refused on that line, naming the field."""
+hold as served. What a line's record cannot carry (logprobs, echo, a stream) is refused on that
+line, naming the field."""
 
 from __future__ import annotations
 

@@ -194,8 +194,11 @@ class ModelRunner:
         if self._in_flight and self._needs_tokens(plan):
             self._in_flight[-1].result()
         self._in_flight = [flight for flight in self._in_flight if not flight.settled]
-        in_use = self.applier.lora[self.applier.batch.order]
-        inputs = self.applier.apply(plan, self.adapters.slots_for(plan.new, in_use))
+        slots = {}  # joining requests' adapters: steady decode looks up none
+        if plan.new:
+            in_use = self.applier.lora[self.applier.batch.order]
+            slots = self.adapters.slots_for(plan.new, in_use)
+        inputs = self.applier.apply(plan, slots)
         self.follow_grammars(plan)
         if len(inputs.rows) == 0:
             self.applier.commit(np.empty(0, dtype=np.int64))

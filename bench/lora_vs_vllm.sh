@@ -15,6 +15,7 @@
 set -euo pipefail
 rounds=${1:-1}; prompts=${2:-64}; concurrency=${3:-32}; shift $(( $# > 3 ? 3 : $# )) || true
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); ts_pid=; v_pid=
+source "$(dirname "$0")"/vllm_client.sh
 cleanup() { [ -n "$ts_pid" ] && kill -TERM "$ts_pid" 2>/dev/null; [ -n "$v_pid" ] && kill -TERM "$v_pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4}
@@ -62,21 +63,13 @@ PY
 stop
 dtype=${VLLM_DTYPE:-$(grep -q avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float32)}
 start "${TURNSTILE_DTYPE:-}" "$dtype"
-bench() {  # name port seed count
-  "$P"/bin/vllm bench serve --seed "$3" --backend vllm --base-url "http://127.0.0.1:$2" \
-    --model "$P"/smollm2-hf --served-model-name "$P"/smollm2-hf --tokenizer "$P"/smollm2-hf \
-    ${lora[@]:+--lora-modules fruity} --dataset-name random --random-input-len 128 --random-output-len 128 \
-    --ignore-eos --num-prompts "$4" --max-concurrency "$concurrency" --request-rate inf "${@:5}" \
-    --save-result --result-dir "$out" --result-filename "$1.json" > "$out/$1.txt" 2>&1 \
-    || { tail -n 5 "$out/$1.txt"; return 1; }
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:<14} {d['output_throughput']:7.1f} output tok/s  TPOT p50 {d['median_tpot_ms']:6.1f} ms  TTFT p50 {d['median_ttft_ms']:7.0f} ms\")" "$out/$1.json" "$1"
+bench() {  # name port seed count [bench args]
+  serve_bench "$1" "$2" "$3" --model "$P"/smollm2-hf --served-model-name "$P"/smollm2-hf \
+    --tokenizer "$P"/smollm2-hf ${lora[@]:+--lora-modules fruity} --dataset-name random \
+    --random-input-len 128 --random-output-len 128 --ignore-eos --num-prompts "$4" \
+    --max-concurrency "$concurrency" --request-rate inf "${@:5}"
 }
-bench warmup-turnstile 8000 1000 8 "$@" >/dev/null
-bench warmup-vllm 8100 1000 8 "$@" >/dev/null
-for r in $(seq "$rounds"); do
-  bench "turnstile-$r" 8000 "$r" "$prompts" "$@"
-  bench "vllm-$r" 8100 "$r" "$prompts" "$@"
-done
+alternate "$rounds" "$prompts" "$@"
 lora=()  # Turnstile's base model alone, the same load: what the adapter costs it
 ts_model=$(curl -s http://127.0.0.1:8000/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
 bench turnstile-base 8000 1 "$prompts" "$@" --served-model-name "$ts_model"

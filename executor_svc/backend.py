@@ -116,13 +116,29 @@ class Backend(ABC):
         return activation_dtype if chosen == "auto" else KV_DTYPES[chosen]
 
     def keeps_quantized(self) -> bool:
-        """Whether the model's GGUF blocks stay quantized (`--quantization`); only the cpu
-        backend computes on them."""
-        if self.config.executor.quantization == "gguf":
+        """Whether the model's GGUF blocks, or a GPTQ or AWQ checkpoint's matrices, stay
+        quantized (`--quantization`); only the cpu backend computes on them."""
+        chosen = self.stored_quantization()
+        if chosen:
             raise ValueError(
-                f"--quantization gguf runs on the cpu backend, not the {self.name} backend"
+                f"--quantization {chosen} runs on the cpu backend, not the {self.name} backend"
             )
         return False
+
+    def stored_quantization(self) -> str:
+        """`--quantization`'s method ("" for auto and none), refused where the model is not
+        stored so (as vLLM refuses a method its checkpoint's config does not name)."""
+        chosen, engine = self.config.executor.quantization, self.config.engine
+        stored = "gguf" if engine.model_path.suffix == ".gguf" else self.info.quantization
+        if chosen in ("auto", "none") or chosen == stored:
+            return "" if chosen in ("auto", "none") else chosen
+        model = engine.model
+        if chosen == "gguf":
+            raise ValueError(f"--quantization gguf needs a GGUF file, not {model}")
+        raise ValueError(
+            f"--quantization {chosen} needs a {chosen.upper()} checkpoint; {model}'s "
+            f"config.json names {stored.upper() or 'no quantization'}"
+        )
 
     def projection(self, weight: Weight, bias: torch.Tensor | None) -> Projection:
         if isinstance(weight, (QuantizedWeight, PackedWeight)):

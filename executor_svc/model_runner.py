@@ -99,7 +99,9 @@ class ModelRunner:
             "model ready in %.1f s on the %s backend%s, %d KV blocks",
             self.load_seconds,
             self.backend.name,
-            ", GGUF weights kept quantized" if self.quantized else "",
+            f", {self.info.quantization.upper() or 'GGUF'} weights kept quantized"
+            if self.quantized
+            else "",
             self.num_blocks,
         )
 

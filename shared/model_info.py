@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from turnstile.shared import gguf_info, model_support, pooling
+from turnstile.shared.checkpoint_quantization import checkpoint_quantization
 from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
     check_hf_config,
@@ -131,6 +132,10 @@ class ModelInfo:
     normalize_embeddings: bool = True
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    # A GPTQ or AWQ checkpoint's (`checkpoint_quantization.py`): "" for float weights.
+    quantization: str = ""
+    weight_bits: int = 0
+    weight_group: int = 0  # inputs a scale covers; 0: a whole row
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -286,4 +291,5 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         rope_scaling=rope if rope_type(rope) != "default" else None,
         **family_features(config),
         **hf_pooling(path, config),
+        **checkpoint_quantization(config, f"{path.name}/config.json"),
     )

@@ -106,15 +106,16 @@ class CpuNativeBackend(Backend):
 
     def keeps_quantized(self) -> bool:
         engine, executor = self.config.engine, self.config.executor
-        gguf = engine.model_path.suffix == ".gguf"
-        if executor.quantization == "gguf":
-            if not gguf:
-                raise ValueError(f"--quantization gguf needs a GGUF file, not {engine.model}")
+        chosen = self.stored_quantization()
+        if chosen:
             if engine.tensor_parallel_size > 1:
-                raise ValueError("--quantization gguf runs on one rank (--tensor-parallel-size 1)")
+                raise ValueError(
+                    f"--quantization {chosen} runs on one rank (--tensor-parallel-size 1)"
+                )
             return True
+        stored = engine.model_path.suffix == ".gguf" or bool(self.info.quantization)
         auto = executor.quantization == "auto" and executor.dtype == "auto"
-        return auto and gguf and engine.tensor_parallel_size == 1
+        return auto and stored and engine.tensor_parallel_size == 1
 
     def projection(self, weight: Weight, bias: torch.Tensor | None) -> NativeProjection:
         quantized = isinstance(weight, (QuantizedWeight, StackedWeight, PackedWeight))

@@ -2,7 +2,9 @@
 
 A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
 later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
-Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`).
+Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ
+or AWQ checkpoint's packed matrices are unpacked (`kernels/gptq_awq.py`), kept quantized alike
+with `quantized`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.gguf_blocks import from_gguf
+from turnstile.kernels.gptq_awq import Grouped, awq, gptq
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.model_info import ModelInfo, derived_path, write_derived
 
@@ -45,10 +48,9 @@ _PERMUTED = ("llama", "granite")
 
 
 def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
-    """With `quantized`, a GGUF file's matrices of the kept block types stay in their blocks
-    (every other tensor is dequantized); without, every tensor is float32."""
-    if quantized:
-        return read_gguf(path, info, quantized=True)
+    """With `quantized`, a GGUF file's matrices of the kept block types, or a GPTQ or AWQ
+    checkpoint's, stay quantized (every other tensor is dequantized); without, every tensor is
+    float32."""
     if path.suffix != ".gguf":
         files = _safetensors_files(path)
         weights: Weights = {}
@@ -56,7 +58,9 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         for done, file in enumerate(files, 1):
             weights.update(load_file(file))
             progress.advance(done)
-        return _common_names(weights, info)
+        return _common_names(_unpacked(weights, info, quantized), info)
+    if quantized:
+        return read_gguf(path, info, quantized=True)
     cached = derived_path(path, "weights.safetensors", (__file__,))
     if cached.exists():
         return load_file(cached)
@@ -91,6 +95,31 @@ def _safetensors_files(folder: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no .safetensors files in {folder}")
     return files
+
+
+def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
+    """A GPTQ or AWQ checkpoint's packed matrices under `.weight`: with `keep`, quantized where
+    their groups allow (not experts: they compute on dense weights); else float32 values."""
+    if not info.quantization:
+        return weights
+    dense = 0
+    for name in [n for n in weights if n.endswith(".qweight")]:
+        stem = name.removesuffix("qweight")
+        parts = {part: weights.pop(stem + part, None) for part in ("qzeros", "scales", "g_idx")}
+        if parts["scales"] is None or (info.quantization == "awq" and parts["qzeros"] is None):
+            raise ValueError(f"{name} comes without its scales or zeros")
+        grouped: Grouped
+        if info.quantization == "awq":
+            grouped = awq(weights.pop(name), parts["qzeros"], parts["scales"])
+        else:
+            grouped = gptq(weights.pop(name), parts["scales"], parts["g_idx"], info.weight_bits)
+        kept = grouped.kept() if keep and ".experts." not in stem else None
+        dense += keep and kept is None
+        weights[stem + "weight"] = grouped.values() if kept is None else kept
+    if dense:
+        log.info("%d %s matrices dequantized (experts, act-order or narrow groups)", dense,
+                 info.quantization.upper())  # fmt: skip
+    return weights
 
 
 # Mixtral's MoE names, as Qwen3-MoE (and the model) names them.

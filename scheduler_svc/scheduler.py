@@ -16,6 +16,7 @@ import numpy as np
 from turnstile.scheduler_svc.block_pool import BlockPool
 from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.lifecycle import RequestLifecycle, SchedulerStats
+from turnstile.scheduler_svc.lora_limit import AdapterLimit
 from turnstile.scheduler_svc.ngram_drafter import Drafts, NgramDrafter
 from turnstile.scheduler_svc.priority_preemption import preempt_for_higher_priority
 from turnstile.scheduler_svc.request import Request
@@ -202,10 +203,15 @@ class Scheduler:
         new: list[NewRequest] = []
         block_size = self.config.block_size
         queue = self._admission_queue(prefilling)
+        running = (self.batch.requests[slot] for slot in self.batch.order.tolist())
+        adapters, passed = AdapterLimit(self.config.max_loras, running), []
         while budget > 0 and len(self.batch) < self.config.max_num_seqs:
             req = queue.peek()
             if req is None:
                 break
+            if not adapters.admits(req):
+                passed.append(queue.pop())
+                continue
             # A request asking for its prompt's logprobs computes every prompt token.
             wants_all = req.sampling.prompt_logprobs is not None
             cached = [] if wants_all else self.lifecycle.prefix_cache.lookup(req)
@@ -239,8 +245,11 @@ class Scheduler:
                 )
             )
             budget -= count
+            adapters.add(req)
             if queue is self.suspects:
                 break  # its prompt computes alone: a failure of this step names it
+        for req in reversed(passed):
+            queue.push_front(req)
         return new
 
     def _admission_queue(self, prefilling: bool) -> FcfsQueue | PriorityQueue:

@@ -216,7 +216,7 @@ class SchedulerService:
                     ),
                     scheduling=self.config.scheduling,
                     sliding_window=self.model.kv_window,
-                    enable_lora=hello.max_loras > 0,
+                    max_loras=hello.max_loras,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,

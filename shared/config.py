@@ -124,7 +124,13 @@ class SchedulerConfig:
     scheduling: SchedulingConfig = nested(SchedulingConfig)
     # Where every layer of the model slides (`ModelInfo.kv_window`): blocks behind it are freed.
     sliding_window: int = 0
-    enable_lora: bool = False  # whether a request may name a LoRA adapter
+    # The LoRA adapters one step may run (the executors' `--max-loras`); 0: a request may name
+    # none.
+    max_loras: int = 0
+
+    @property
+    def enable_lora(self) -> bool:
+        return self.max_loras > 0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:

@@ -18,6 +18,7 @@ from turnstile.shared.protocol import (
     AddRequest,
     BatchPlan,
     EngineOutputs,
+    LoraRef,
     SamplingParams,
     StepResult,
     pack_ids,
@@ -80,6 +81,7 @@ class Harness:
         priority: int = 0,
         ignore_eos: bool = False,
         stop_token_ids: tuple[int, ...] = (),
+        lora: LoraRef | None = None,
     ) -> None:
         self.scheduler.add_request(
             AddRequest(
@@ -90,6 +92,7 @@ class Harness:
                 priority=priority,
                 ignore_eos=ignore_eos,
                 stop_token_ids=list(stop_token_ids),
+                lora=lora,
             )
         )
 

@@ -96,7 +96,7 @@ def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str
     ]  # fmt: skip
     scheduler = scheduler_for(
         runner, requests, max_num_seqs=8, max_num_batched_tokens=24,
-        enable_lora=runner.enable_lora,
+        max_loras=runner.max_loras,
     )  # fmt: skip
     kinds, carried = [], []
     upload = runner.upload

@@ -1,7 +1,8 @@
 """LoRA adapters checked on their files alone: what `serve` refuses at start, by name; how many
 adapters an executor keeps loaded (`executor_svc/adapters.py`), never dropping one a row runs,
-and its refusal of an adapter whose files changed; and an adapter on the embedded model's GGUF
-blocks, through a real stack, where vLLM's runtime endpoints are not served without the flag."""
+and its refusal of an adapter whose files changed; how many a step runs (the scheduler's
+`--max-loras`); and an adapter on the embedded model's GGUF blocks, through a real stack, where
+vLLM's runtime endpoints are not served without the flag."""
 
 from __future__ import annotations
 
@@ -157,3 +158,46 @@ def test_the_executor_keeps_max_loras_adapters_and_never_drops_one_a_row_runs(
     [(req_id, reason, why)] = held.take_refused()
     assert (req_id, reason) == (5, "adapter") and "changed since it was loaded" in why
     assert len(held.slots) == 3
+
+
+def test_a_step_runs_at_most_max_loras_adapters() -> None:
+    """As vLLM's scheduler holds `--max-loras`: with two adapters running, a third adapter's
+    request waits while the requests behind it (of a running adapter, of the base model) are
+    admitted; it keeps its place, ahead of later arrivals, and joins once the first adapter's
+    requests have all left."""
+    from scheduler_harness import Harness
+
+    from turnstile.shared.config import SchedulerConfig
+    from turnstile.shared.protocol import unpack_ids
+    from turnstile.shared.settings import build
+
+    config = build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
+                   max_num_batched_tokens=64, max_model_len=128, max_loras=2)  # fmt: skip
+    ends = {1: 3, 2: 30, 3: 30, 4: 6, 5: 30, 6: 30, 7: 30}  # the tokens each stops after
+    harness = Harness(config, ends)
+    named = {1: "a", 2: "b", 3: "c", 4: "a", 5: None, 6: None, 7: None}
+
+    def add(req_id: int) -> None:
+        name = named[req_id]
+        ref = LoraRef(name, f"/adapters/{name}", name * 8) if name else None
+        harness.add(req_id, [5, 6, 7], max_tokens=30, lora=ref)
+
+    for req_id in range(1, 6):
+        add(req_id)
+    harness.step()
+    add(6)
+    add(7)
+    harness.run()
+    assert harness.endings == {i: ["stop"] for i in named}
+    running: set[int] = set()
+    adapters_a_step, joined = [], {}
+    for index, plan in enumerate(harness.plans):
+        running -= set(unpack_ids(plan.removed).tolist())
+        running |= {new.req_id for new in plan.new}
+        joined.update({new.req_id: index for new in plan.new})
+        adapters_a_step.append({named[i] for i in running} - {None})
+    assert max(len(adapters) for adapters in adapters_a_step) == 2
+    assert joined[1] == joined[2] == joined[4] == joined[5] == 0
+    assert 0 < joined[6] < joined[3] < joined[7]
+    assert "a" not in adapters_a_step[joined[3]]
+    harness.check_invariants()

@@ -59,7 +59,7 @@ class OfflineEngine:
                 max_model_len=self.runner.max_model_len,
                 scheduling=scheduling,
                 sliding_window=self.runner.info.kv_window,
-                enable_lora=self.runner.enable_lora,
+                max_loras=self.runner.max_loras,
             ),
             eos_token_ids=self.runner.info.all_eos_token_ids,
             vocab_size=self.runner.info.vocab_size,

@@ -37,9 +37,9 @@ class GatewayConfig:
     enable_auto_tool_choice: bool = setting(
         False, 'tool_choice "auto": the model may call the tools; --tool-call-parser reads them'
     )
-    tool_call_parser: Literal["hermes", "llama3_json"] | None = setting(
-        None, "how the model writes its tool calls (vLLM's parser names)"
-    )
+    tool_call_parser: (
+        Literal["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"] | None
+    ) = setting(None, "how the model writes its tool calls (vLLM's parser names)")
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = setting(
         None,
         "a reasoning model's thinking, between <think> and </think>, given apart from a chat's "

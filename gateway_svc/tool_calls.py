@@ -9,18 +9,14 @@ the plain text on and returns each call as OpenAI's `tool_calls` entry once it i
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import msgspec
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, NamedToolChoice
-from turnstile.gateway_svc.text_stream import partial_suffix
+from turnstile.gateway_svc.tool_parsers import PARSERS, Call, make_call
 from turnstile.shared.protocol import Grammar
-
-_PYTHON_TAG = "<|python_tag|>"  # Llama 3's mark before a call
-Call = dict[str, Any]
 
 
 def tool_mode(request: ChatCompletionRequest, parser: str | None) -> str | None:
@@ -99,23 +95,21 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
     return message | {"tool_calls": readable}
 
 
-def _call(name: Any, arguments: Any) -> Call:
-    if not isinstance(name, str):
-        raise ValueError("a call without a name")
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": text}}  # fmt: skip
-
-
 class CallReader:
     """One choice's text, split into what is said and the calls; `feed` per piece, then
     `finish`. Each returns (text to show now, calls now complete)."""
 
-    def __init__(self, mode: str, parser: str | None, function: str = "") -> None:
-        self.mode, self.parser, self.function = mode, parser, function
+    def __init__(
+        self,
+        mode: str,
+        parser: str | None,
+        function: str = "",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.mode, self.function = mode, function
         self.calls = 0
-        self._text = ""  # held back: it may still become (part of) a call
-        self._plain = False  # llama3_json: the text is no call
+        self._parser = PARSERS[parser](tools or []) if mode == "auto" and parser else None
+        self._text = ""  # a forced call's JSON, read whole at the end
 
     def whole(self, text: str, reason: str) -> tuple[str, list[Call], str]:
         """A whole answer: its text, its calls, and its finish reason."""
@@ -141,80 +135,28 @@ class CallReader:
         return "tool_calls" if self.mode != "named" else "stop"
 
     def feed(self, piece: str) -> tuple[str, list[Call]]:
-        self._text += piece
-        if self.mode != "auto":
-            return "", []  # a forced call's JSON, read whole at the end
-        if self.parser == "hermes":
-            return self._hermes(final=False)
-        head = self._text.lstrip()
-        if not self._plain and (
-            head.startswith(("{", _PYTHON_TAG)) or _PYTHON_TAG.startswith(head)
-        ):
-            return "", []  # llama3_json: may be a call, read whole at the end
-        self._plain = True
-        return self._take(), []
+        if self._parser is None:
+            self._text += piece
+            return "", []
+        return self._counted(self._parser.feed(piece))
 
     def finish(self) -> tuple[str, list[Call]]:
+        if self._parser is not None:
+            return self._counted(self._parser.finish())
         if self.mode == "named":
             self.calls = 1
-            return "", [_call(self.function, self._text)]
-        if self.mode == "required":
-            try:
-                calls = [_call(c["name"], c["parameters"]) for c in json.loads(self._text)]
-            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
-                return self._take(), []
-            self.calls = len(calls)
-            return "", calls
-        if self.parser == "hermes":
-            return self._hermes(final=True)
-        return self._llama3_json()
-
-    def _take(self) -> str:
-        text, self._text = self._text, ""
-        return text
-
-    def _hermes(self, final: bool) -> tuple[str, list[Call]]:
-        """Calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
-        said, calls = [], []
-        while True:
-            start = self._text.find("<tool_call>")
-            if start < 0:
-                # Hold back what may be the start of a tag still coming.
-                keep = 0 if final else partial_suffix(self._text, "<tool_call>")
-                said.append(self._text[: len(self._text) - keep])
-                self._text = self._text[len(self._text) - keep :]
-                break
-            said.append(self._text[:start])
-            end = self._text.find("</tool_call>", start)
-            body = self._text[start + len("<tool_call>") : end if end >= 0 else None]
-            if end < 0 and not final:
-                self._text = self._text[start:]
-                break
-            try:
-                found = json.loads(body)
-                calls.append(_call(found["name"], found.get("arguments", {})))
-            except (ValueError, TypeError, KeyError):
-                said.append(self._text[start : end if end >= 0 else None])
-            self._text = self._text[end + len("</tool_call>") :] if end >= 0 else ""
-        self.calls += len(calls)
-        text = "".join(said)
-        return ("" if self.calls and not text.strip() else text), calls
-
-    def _llama3_json(self) -> tuple[str, list[Call]]:
-        """Calls as `{"name": ..., "parameters": {...}}`, several joined by `;`, maybe after
-        Llama's `<|python_tag|>`."""
-        text = self._take()
-        body = text.strip().removeprefix(_PYTHON_TAG)
+            return "", [make_call(self.function, self._text)]
         try:
-            decoder, calls, at = json.JSONDecoder(), [], 0
-            while at < len(body):
-                found, at = decoder.raw_decode(body, at)
-                calls.append(_call(found["name"], found.get("parameters", found.get("arguments"))))
-                at = len(body) - len(body[at:].lstrip().removeprefix(";").lstrip())
-        except (ValueError, TypeError, KeyError):
+            calls = [make_call(c["name"], c["parameters"]) for c in json.loads(self._text)]
+        except (ValueError, TypeError, KeyError):  # cut short by max_tokens
+            text, self._text = self._text, ""
             return text, []
-        self.calls += len(calls)
+        self.calls = len(calls)
         return "", calls
+
+    def _counted(self, read: tuple[str, list[Call]]) -> tuple[str, list[Call]]:
+        self.calls += len(read[1])
+        return read
 
 
 class CallReaders:
@@ -223,9 +165,10 @@ class CallReaders:
     def __init__(self, mode: str, parser: str | None, request: ChatCompletionRequest) -> None:
         self._function = named_function(request)
         self._mode, self._parser = mode, parser
+        self._tools = template_tools(request) or []
         self._readers: dict[int, CallReader] = {}
 
     def __getitem__(self, index: int) -> CallReader:
         if index not in self._readers:
-            self._readers[index] = CallReader(self._mode, self._parser, self._function)
+            self._readers[index] = CallReader(self._mode, self._parser, self._function, self._tools)
         return self._readers[index]

@@ -123,7 +123,7 @@ HERMES = [
      "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 2}}</tool_call>",
      ("Let me add. ", [("add", {"a": 1}), ("add", {"a": 2})], "tool_calls")),
     ("No call here, only <tool text.", ("No call here, only <tool text.", [], "stop")),
-    ("<tool_call>{not json}</tool_call>", ("<tool_call>{not json}", [], "stop")),
+    ("<tool_call>{not json}</tool_call>", ("<tool_call>{not json}</tool_call>", [], "stop")),
     ('<tool_call>{"name": "add", "arguments": {"a": 3}}', ("", [("add", {"a": 3})], "tool_calls")),
 ]  # fmt: skip
 LLAMA3 = [

@@ -1,0 +1,21 @@
+"""The `--tool-call-parser`s, by vLLM's names: each finds a model's calls in its text as vLLM's
+parser of that name does, fed piece by piece (streaming) or whole (`base.py`)."""
+
+from __future__ import annotations
+
+from turnstile.gateway_svc.tool_parsers.base import Call, ToolParser, make_call
+from turnstile.gateway_svc.tool_parsers.hermes import Hermes
+from turnstile.gateway_svc.tool_parsers.llama3_json import Llama3Json
+from turnstile.gateway_svc.tool_parsers.mistral import Mistral
+from turnstile.gateway_svc.tool_parsers.pythonic import Pythonic
+from turnstile.gateway_svc.tool_parsers.qwen3_coder import Qwen3Coder
+
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": Hermes,
+    "llama3_json": Llama3Json,
+    "mistral": Mistral,
+    "pythonic": Pythonic,
+    "qwen3_coder": Qwen3Coder,
+}
+
+__all__ = ["PARSERS", "Call", "ToolParser", "make_call"]

@@ -200,3 +200,55 @@ def test_auto_keeps_a_checkpoint_quantized_only_where_the_cpu_backend_computes_o
     (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"quantization_config": AWQ}))
     runner = build(RunnerConfig, model=str(tmp_path), backend="cpu", **flags)
     assert create_backend(runner, read_model_info(tmp_path)).keeps_quantized() == kept
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_a_lora_adapter_runs_on_a_quantized_base(dtype: str, tmp_path: Path) -> None:
+    """PEFT's adapter on transformers' model of the checkpoint's values: dequantized in float32
+    the same greedy tokens; kept quantized (the fused layers add the adapter's pairs to the
+    quantized products) its continuations' logprobs within 0.1 on average, where the adapter
+    moves them more than 1.0."""
+    import peft
+    from conftest import fixed_length_requests
+    from msgspec.structs import replace
+
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.lora import adapters
+    from turnstile.shared.protocol import SamplingParams
+    from turnstile.shared.settings import build
+
+    path, model, _ = _quantized(tmp_path, "gptq4")
+    torch.manual_seed(1)
+    modules = ["q_proj", "v_proj", "gate_proj", "down_proj"]
+    config = peft.LoraConfig(init_lora_weights=False, r=8, lora_alpha=16, target_modules=modules)
+    adapted = peft.get_peft_model(model, config).eval()
+    adapted.save_pretrained(tmp_path / "adapter")
+    with torch.inference_mode(), adapted.disable_adapter():
+        unadapted = [adapted.generate(input_ids=torch.tensor([ids]), max_new_tokens=16,
+                                      do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+                     for ids in PROMPTS]  # fmt: skip
+    with torch.inference_mode():
+        full = [adapted.generate(input_ids=torch.tensor([ids]), max_new_tokens=16,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+                for ids in PROMPTS]  # fmt: skip
+    assert all(not torch.equal(a, b) for a, b in zip(full, unadapted, strict=True))
+    runner = build(RunnerConfig, model=str(path), dtype=dtype, enable_lora=True,
+                   lora_modules=[f"fruity={tmp_path / 'adapter'}"])  # fmt: skip
+    engine = OfflineEngine(runner)
+    assert engine.runner.quantized == (dtype == "auto")
+    ref = adapters(runner.lora, engine.runner.info)[0].ref
+    if dtype == "float32":
+        requests = fixed_length_requests(PROMPTS, SamplingParams(), 16)
+        results = engine.generate([replace(r, lora=ref) for r in requests])
+        continuations = [ids[len(p) :].tolist() for ids, p in zip(full, PROMPTS, strict=True)]
+        assert [r.token_ids for r in results] == continuations
+        return
+    prompts = [ids.tolist() for ids in full]
+    requests = fixed_length_requests(prompts, SamplingParams(prompt_logprobs=0), 1)
+    results = engine.generate([replace(r, lora=ref) for r in requests])
+    ours = torch.cat([torch.tensor(result.prompt_logprobs) for result in results])
+    with adapted.disable_adapter():
+        base = _teacher_forced(adapted, full)
+    gap = (ours - _teacher_forced(adapted, full)).abs().mean()
+    assert gap < 0.1 < 1.0 < (ours - base).abs().mean()  # the adapter moves them 1.9 here

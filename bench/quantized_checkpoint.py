@@ -1,7 +1,8 @@
 """Writes a float Hugging Face checkpoint's decoder projections as a GPTQ or AWQ checkpoint, in the
 layouts AutoGPTQ and AutoAWQ write, each group rounded to nearest (no calibration: the layout is
-what is under test, not the method's accuracy), for the tests and the side-by-side with vLLM:
-    .venv/bin/python -m turnstile.bench.quantized_checkpoint SOURCE DEST gptq|awq [BITS] [GROUP]
+what is under test, not the method's accuracy), or as vLLM's fp8 (e4m3, a scale a tensor, or a
+block of GROUP x GROUP), for the tests and the side-by-side with vLLM:
+    .venv/bin/python -m turnstile.bench.quantized_checkpoint SOURCE DEST gptq|awq|fp8 [BITS] [GROUP]
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def write(
 ) -> dict[str, torch.Tensor]:
     """`source`'s checkpoint in `dest`, its projections quantized by `method` (gptq: symmetric;
     awq: with zero points) in groups of `group` inputs (-1: a row); `act_order` (GPTQ): each
-    input's group drawn at random, as desc_act leaves them. Returns the projections' values
-    as quantized (float32), for a reference model."""
+    input's group drawn at random, as desc_act leaves them; fp8: `bits` unused, a scale for
+    each block of `group` outputs by inputs (-1: one a tensor). Returns the projections'
+    values as quantized (float32), for a reference model."""
     dest.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(source.glob("*.safetensors")):
@@ -43,20 +45,24 @@ def write(
             written[name] = tensor
             continue
         stem = name.removesuffix("weight")
-        parts, values[name] = _quantize(tensor.float(), method, bits, group, act_order)
+        if method == "fp8":
+            parts, values[name] = _fp8(tensor.float(), group)
+        else:
+            parts, values[name] = _quantize(tensor.float(), method, bits, group, act_order)
         written.update({stem + part: t for part, t in parts.items()})
     for file in source.iterdir():
         if file.is_file() and not file.name.startswith("model") and file.name != "config.json":
             shutil.copy(file, dest / file.name)
     save_file(written, dest / "model.safetensors")
     config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = (
-        {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
-         "sym": True, "checkpoint_format": "gptq"}
-        if method == "gptq"
-        else {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True,
-              "version": "gemm"}
-    )  # fmt: skip
+    config["quantization_config"] = {
+        "gptq": {"quant_method": "gptq", "bits": bits, "group_size": group,
+                 "desc_act": act_order, "sym": True, "checkpoint_format": "gptq"},
+        "awq": {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True,
+                "version": "gemm"},
+        "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                **({"weight_block_size": [group, group]} if group > 0 else {})},
+    }[method]  # fmt: skip
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     return values
 
@@ -102,6 +108,23 @@ def _quantize(
             "scales": scales,
         }
     return parts, values
+
+
+def _fp8(weight: torch.Tensor, block: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """e4m3 codes of each block scaled to the format's largest (448), as vLLM's checkpoints."""
+    if block <= 0:
+        scale = weight.abs().amax() / 448
+        codes = (weight / scale).to(torch.float8_e4m3fn)
+        return {"weight": codes, "weight_scale": scale.reshape(1)}, codes.float() * scale
+    rows, cols = (-(-size // block) for size in weight.shape)
+    padded = torch.zeros(rows * block, cols * block)
+    padded[: weight.shape[0], : weight.shape[1]] = weight
+    blocks = padded.view(rows, block, cols, block)
+    scales = (blocks.abs().amax(dim=(1, 3)) / 448).clamp(min=1e-12)
+    each = scales.repeat_interleave(block, 0).repeat_interleave(block, 1)
+    each = each[: weight.shape[0], : weight.shape[1]]
+    codes = (weight / each).to(torch.float8_e4m3fn)
+    return {"weight": codes, "weight_scale_inv": scales}, codes.float() * each
 
 
 def _pack(fields: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

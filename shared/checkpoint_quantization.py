@@ -1,6 +1,7 @@
 """A Hugging Face checkpoint's `quantization_config`: GPTQ and AWQ, the two vLLM serves on a CPU,
-read and checked as vLLM checks them; any other method, or a setting of these the executor
-does not compute, refused at start by name."""
+and fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), read and checked as
+vLLM checks them; any other method, or a setting of these the executor does not compute,
+refused at start by name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from turnstile.shared.model_support import UnsupportedModel
 
-METHODS = ("gptq", "awq")
+METHODS = ("gptq", "awq", "fp8")
 # vLLM's: GPTQ symmetric in 4 or 8 bits (its uint4b8 and uint8b128), AWQ in 4 with zero points.
 GPTQ_BITS = (4, 8)
 AWQ_BITS = (4,)
@@ -24,6 +25,8 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
     if method not in METHODS:
         _refuse(source, "quant_method", method,
                 f"supported: {', '.join(METHODS)}; GGUF files' blocks too")  # fmt: skip
+    if method == "fp8":
+        return _fp8(quant, source)
     bits = quant.get("bits", quant.get("w_bit"))
     group = int(quant.get("group_size", quant.get("q_group_size", -1)))
     if group == 0 or group < -1:
@@ -33,6 +36,19 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
     else:
         _check_awq(quant, bits, source)
     return {"quantization": method, "weight_bits": int(bits), "weight_group": max(group, 0)}
+
+
+def _fp8(quant: dict[str, Any], source: str) -> dict[str, Any]:
+    """vLLM's fp8: `weight` in float8_e4m3fn times `weight_scale` (a tensor's) or, with
+    `weight_block_size`, `weight_scale_inv` (a block's); both kinds of activation scheme, as the
+    executor computes activations in its own dtype."""
+    form = quant.get("fmt", "e4m3")
+    if form != "e4m3":
+        _refuse(source, "fmt", form, "fp8 weights in e4m3 only, as vLLM")
+    block = quant.get("weight_block_size")
+    if block is not None and (len(block) != 2 or min(block) <= 0):
+        _refuse(source, "weight_block_size", block, "two positive sizes: output and input")
+    return {"quantization": "fp8", "weight_bits": 8, "weight_block": tuple(block or ())}
 
 
 def _check_gptq(quant: dict[str, Any], bits: object, source: str) -> None:

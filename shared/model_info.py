@@ -132,10 +132,11 @@ class ModelInfo:
     normalize_embeddings: bool = True
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
-    # A GPTQ or AWQ checkpoint's (`checkpoint_quantization.py`): "" for float weights.
+    # A GPTQ, AWQ or fp8 checkpoint's (`checkpoint_quantization.py`): "" for float weights.
     quantization: str = ""
     weight_bits: int = 0
     weight_group: int = 0  # inputs a scale covers; 0: a whole row
+    weight_block: tuple[int, ...] = ()  # fp8's: outputs and inputs a scale covers; (): all
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0

@@ -113,7 +113,8 @@ class CpuNativeBackend(Backend):
                     f"--quantization {chosen} runs on one rank (--tensor-parallel-size 1)"
                 )
             return True
-        stored = engine.model_path.suffix == ".gguf" or bool(self.info.quantization)
+        # fp8 checkpoints are dequantized: no CPU kernel here multiplies e4m3 weights
+        stored = engine.model_path.suffix == ".gguf" or self.info.quantization in ("gptq", "awq")
         auto = executor.quantization == "auto" and executor.dtype == "auto"
         return auto and stored and engine.tensor_parallel_size == 1
 

@@ -100,6 +100,8 @@ def _safetensors_files(folder: Path) -> list[Path]:
 def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
     """A GPTQ or AWQ checkpoint's packed matrices under `.weight`: with `keep`, quantized where
     their groups allow (not experts: they compute on dense weights); else float32 values."""
+    if info.quantization == "fp8":
+        return _fp8_values(weights, info.weight_block)
     if not info.quantization:
         return weights
     dense = 0
@@ -119,6 +121,25 @@ def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
     if dense:
         log.info("%d %s matrices dequantized (experts, act-order or narrow groups)", dense,
                  info.quantization.upper())  # fmt: skip
+    return weights
+
+
+def _fp8_values(weights: Weights, block: tuple[int, ...]) -> Weights:
+    """vLLM's fp8 checkpoint's e4m3 matrices times their scales, in float32: a tensor's
+    (`weight_scale`), or each block's of `block` outputs by inputs (`weight_scale_inv`, the last
+    blocks of a row or column partial). No backend computes on fp8 weights."""
+    for name in [
+        n for n in weights if n.endswith(".weight_scale_inv") or n.endswith(".weight_scale")
+    ]:
+        stem = name.rsplit(".", 1)[0]
+        scale, weight = weights.pop(name).float(), weights[stem + ".weight"].float()
+        weights.pop(stem + ".input_scale", None)  # activations stay in the model's dtype
+        if name.endswith("_inv"):
+            rows, cols = block
+            scale = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
+            scale = scale[: weight.shape[0], : weight.shape[1]]
+        weights[stem + ".weight"] = weight * scale
+    log.info("fp8 weights dequantized (no backend computes on them)")
     return weights
 
 

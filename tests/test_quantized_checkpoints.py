@@ -1,8 +1,9 @@
-"""GPTQ and AWQ checkpoints: a random Llama's projections written in AutoGPTQ's and AutoAWQ's
-layouts (`bench/quantized_checkpoint.py`, rounded to nearest), served dequantized they generate
-transformers' tokens and logprobs on the same values; kept quantized (the cpu backend's default)
-their matrices are the checkpoint's values and follow transformers within the int8 activations'
-rounding; and what vLLM does not serve, or Turnstile does not compute, is refused by name."""
+"""GPTQ, AWQ and fp8 checkpoints: a random Llama's projections written in AutoGPTQ's, AutoAWQ's
+and vLLM's fp8 layouts (`bench/quantized_checkpoint.py`, rounded to nearest), served dequantized
+they generate transformers' tokens and logprobs on the same values; kept quantized (GPTQ and AWQ
+on the cpu backend's default) their matrices are the checkpoint's values and follow transformers
+within the int8 activations' rounding; and what vLLM does not serve, or Turnstile does not
+compute, is refused by name."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ VARIANTS = {
     "gptq4-act-order": ("gptq", 4, 32, True),
     "awq4": ("awq", 4, 32, False),
     "awq4-row": ("awq", 4, -1, False),
+    "fp8": ("fp8", 8, -1, False),  # a scale a tensor
+    "fp8-blocks": ("fp8", 8, 48, False),  # a scale a block of 48 x 48, the last ones partial
 }
+KEPT = [name for name, (method, *_) in VARIANTS.items() if method != "fp8"]
 
 
 def _quantized(tmp_path: Path, variant: str) -> tuple[Path, Any, dict[str, torch.Tensor]]:
@@ -57,7 +61,7 @@ def test_the_torch_backend_dequantizes_a_checkpoint_alike(tmp_path: Path) -> Non
     generates_what_transformers_generates(path, model, "linear", "torch")
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", KEPT)
 def test_kept_quantized_the_matrices_are_the_checkpoints_values(
     variant: str, tmp_path: Path
 ) -> None:
@@ -133,12 +137,14 @@ def _teacher_forced(model: Any, sequences: list[torch.Tensor]) -> torch.Tensor:
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+       "weight_block_size": [128, 128]}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("quant", "field"),
     [
-        ({"quant_method": "fp8"}, "quant_method"),
+        ({"quant_method": "bitsandbytes"}, "quant_method"),
         ({**GPTQ, "bits": 3}, "bits"),
         ({**GPTQ, "sym": False}, "sym"),
         ({**GPTQ, "checkpoint_format": "gptq_v2"}, "checkpoint_format"),
@@ -147,6 +153,8 @@ AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, 
         ({**AWQ, "bits": 8}, "bits"),
         ({**AWQ, "zero_point": False}, "zero_point"),
         ({**AWQ, "version": "gemv"}, "version"),
+        ({**FP8, "fmt": "e5m2"}, "fmt"),
+        ({**FP8, "weight_block_size": [128]}, "weight_block_size"),
     ],
 )
 def test_a_quantization_config_not_served_is_refused_by_field(
@@ -187,17 +195,19 @@ def test_a_quantization_flag_the_checkpoint_does_not_fit_is_refused(
         backend.keeps_quantized()
 
 
-@pytest.mark.parametrize(("flags", "kept"), [({}, True), ({"dtype": "float32"}, False),
-                                              ({"quantization": "none"}, False),
-                                              ({"tensor_parallel_size": 2}, False)])  # fmt: skip
+@pytest.mark.parametrize(("quant", "flags", "kept"), [(AWQ, {}, True),
+                                                      (AWQ, {"dtype": "float32"}, False),
+                                                      (AWQ, {"quantization": "none"}, False),
+                                                      (AWQ, {"tensor_parallel_size": 2}, False),
+                                                      (FP8, {}, False)])  # fmt: skip
 def test_auto_keeps_a_checkpoint_quantized_only_where_the_cpu_backend_computes_on_it(
-    flags: dict, kept: bool, tmp_path: Path
+    quant: dict, flags: dict, kept: bool, tmp_path: Path
 ) -> None:
     from turnstile.executor_svc.backends import create_backend
     from turnstile.executor_svc.runner_config import RunnerConfig
     from turnstile.shared.settings import build
 
-    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"quantization_config": AWQ}))
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"quantization_config": quant}))
     runner = build(RunnerConfig, model=str(tmp_path), backend="cpu", **flags)
     assert create_backend(runner, read_model_info(tmp_path)).keeps_quantized() == kept
 

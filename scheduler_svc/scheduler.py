@@ -203,8 +203,11 @@ class Scheduler:
         new: list[NewRequest] = []
         block_size = self.config.block_size
         queue = self._admission_queue(prefilling)
-        running = (self.batch.requests[slot] for slot in self.batch.order.tolist())
-        adapters, passed = AdapterLimit(self.config.max_loras, running), []
+        batch = self.batch
+        adapters = AdapterLimit(
+            self.config.max_loras, lambda: map(batch.requests.__getitem__, batch.order.tolist())
+        )
+        passed: list[Request] = []
         while budget > 0 and len(self.batch) < self.config.max_num_seqs:
             req = queue.peek()
             if req is None:

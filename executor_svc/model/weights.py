@@ -4,7 +4,7 @@ A GGUF file is dequantized once and cached as safetensors next to the user's cac
 later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
 Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ
 or AWQ checkpoint's packed matrices are unpacked (`kernels/gptq_awq.py`), kept quantized alike
-with `quantized`.
+with `quantized`; an fp8 checkpoint's are dequantized.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
     """A GPTQ or AWQ checkpoint's packed matrices under `.weight`: with `keep`, quantized where
-    their groups allow (not experts: they compute on dense weights); else float32 values."""
+    their groups allow (not experts: they compute on dense weights); else float32 values, as an
+    fp8 checkpoint's always are."""
     if info.quantization == "fp8":
         return _fp8_values(weights, info.weight_block)
     if not info.quantization:

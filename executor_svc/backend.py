@@ -116,7 +116,7 @@ class Backend(ABC):
         return activation_dtype if chosen == "auto" else KV_DTYPES[chosen]
 
     def keeps_quantized(self) -> bool:
-        """Whether the model's GGUF blocks, or a GPTQ or AWQ checkpoint's matrices, stay
+        """Whether the model's GGUF blocks, or a checkpoint's int matrices, stay
         quantized (`--quantization`); only the cpu backend computes on them."""
         chosen = self.stored_quantization()
         if chosen:

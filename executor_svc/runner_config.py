@@ -24,13 +24,13 @@ class ExecutorConfig:
         "auto: cuda on a GPU; on a CPU the native kernels where they run, else torch (the "
         "plain-torch reference)",
     )
-    quantization: Literal["auto", "gguf", "gptq", "awq", "none"] = setting(
+    quantization: Literal["auto", "gguf", "gptq", "awq", "compressed-tensors", "none"] = setting(
         "auto",
         "gguf: compute on a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K blocks as stored, activations "
-        "quantized to int8 (cpu backend; on AMX-INT8, see --cpu-products); gptq, awq: a GPTQ or "
-        "AWQ checkpoint's matrices alike; none: dequantize every weight to --dtype; auto: kept "
-        "quantized for a GGUF file or a GPTQ or AWQ checkpoint on the cpu backend when no "
-        "--dtype is given, else dequantized",
+        "quantized to int8 (cpu backend; on AMX-INT8, see --cpu-products); gptq, awq, "
+        "compressed-tensors: a GPTQ, AWQ or compressed-tensors checkpoint's int matrices alike; "
+        "none: dequantize every weight to --dtype; auto: kept quantized for a GGUF file or such "
+        "a checkpoint on the cpu backend when no --dtype is given, else dequantized",
     )
     kv_cache_dtype: Literal[
         "auto", "bfloat16", "float32", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"

@@ -1,7 +1,9 @@
 """A Hugging Face checkpoint's `quantization_config`: GPTQ and AWQ, the two vLLM serves on a CPU,
-and fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), read and checked as
-vLLM checks them; any other method, or a setting of these the executor does not compute,
-refused at start by name."""
+fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), and compressed-tensors
+(llm-compressor's: int weights packed or in int8, fp8 weights), read and checked as vLLM checks
+them; any other method, or a setting of these the executor does not compute, refused at start
+by name. Activations are computed as the executor computes them (its dtype, or its own int8
+products where weights stay quantized): a checkpoint's activation scheme is not read."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from turnstile.shared.model_support import UnsupportedModel
 
-METHODS = ("gptq", "awq", "fp8")
+METHODS = ("gptq", "awq", "fp8", "compressed-tensors")
 # vLLM's: GPTQ symmetric in 4 or 8 bits (its uint4b8 and uint8b128), AWQ in 4 with zero points.
 GPTQ_BITS = (4, 8)
 AWQ_BITS = (4,)
@@ -27,6 +29,8 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
                 f"supported: {', '.join(METHODS)}; GGUF files' blocks too")  # fmt: skip
     if method == "fp8":
         return _fp8(quant, source)
+    if method == "compressed-tensors":
+        return compressed_tensors(quant, source)
     bits = quant.get("bits", quant.get("w_bit"))
     group = int(quant.get("group_size", quant.get("q_group_size", -1)))
     if group == 0 or group < -1:
@@ -35,7 +39,8 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
         _check_gptq(quant, bits, source)
     else:
         _check_awq(quant, bits, source)
-    return {"quantization": method, "weight_bits": int(bits), "weight_group": max(group, 0)}
+    return {"quantization": method, "weight_bits": int(bits), "weight_group": max(group, 0),
+            "weight_type": "int"}  # fmt: skip
 
 
 def _fp8(quant: dict[str, Any], source: str) -> dict[str, Any]:
@@ -48,7 +53,75 @@ def _fp8(quant: dict[str, Any], source: str) -> dict[str, Any]:
     block = quant.get("weight_block_size")
     if block is not None and (len(block) != 2 or min(block) <= 0):
         _refuse(source, "weight_block_size", block, "two positive sizes: output and input")
-    return {"quantization": "fp8", "weight_bits": 8, "weight_block": tuple(block or ())}
+    return {"quantization": "fp8", "weight_bits": 8, "weight_block": tuple(block or ()),
+            "weight_type": "float"}  # fmt: skip
+
+
+# llm-compressor's formats: int codes packed into int32 or one an int8, fp8 codes one a byte.
+CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
+CT_STRATEGIES = {"int": ("group", "channel", "tensor"), "float": ("tensor", "channel", "block")}
+
+
+def compressed_tensors(quant: dict[str, Any], source: str) -> dict[str, Any]:
+    """Every config group's weights alike (which modules a group targets is read from the
+    tensors the checkpoint holds): int in 4 or 8 bits, with or without zero points, a scale a
+    group (act order too), a row or a tensor; or fp8 (e4m3) with a scale a tensor, a row or a
+    block. Sparse, rotated (`transform_config`) or fp8-KV checkpoints are refused."""
+    status = quant.get("quantization_status", "compressed")
+    if status != "compressed":
+        _refuse(source, "quantization_status", status, "compressed checkpoints only")
+    for field in ("kv_cache_scheme", "transform_config"):
+        if quant.get(field):
+            _refuse(source, field, "{...}", "not implemented")
+    sparsity = (quant.get("sparsity_config") or {}).get("format", "dense")
+    if sparsity != "dense":
+        _refuse(source, "sparsity_config.format", sparsity, "dense weights only")
+    groups = quant.get("config_groups") or {}
+    if not groups:
+        _refuse(source, "config_groups", groups, "at least one group of quantized weights")
+    schemes = {
+        _ct_scheme(group, quant.get("format"), f"config_groups.{name}", source)
+        for name, group in groups.items()
+    }
+    if len(schemes) > 1:
+        _refuse(source, "config_groups", "{...}", "one weights scheme for every group")
+    bits, kind, group, block = schemes.pop()
+    return {"quantization": "compressed-tensors", "weight_bits": bits, "weight_type": kind,
+            "weight_group": group, "weight_block": block}  # fmt: skip
+
+
+def _ct_scheme(
+    group: dict[str, Any], default_format: object, field: str, source: str
+) -> tuple[int, str, int, tuple[int, ...]]:
+    form = group.get("format") or default_format
+    if form not in CT_FORMATS:
+        _refuse(source, f"{field}.format", form, f"supported: {', '.join(CT_FORMATS)}")
+    if group.get("output_activations"):
+        _refuse(source, f"{field}.output_activations", "{...}", "not implemented")
+    inputs = group.get("input_activations") or {}
+    if inputs and inputs.get("num_bits") != 8:
+        _refuse(source, f"{field}.input_activations.num_bits", inputs.get("num_bits"),
+                "activations of 8 bits (computed as the executor computes them)")  # fmt: skip
+    weights = group.get("weights") or {}
+    kind, bits, strategy = weights.get("type"), weights.get("num_bits"), weights.get("strategy")
+    field += ".weights"
+    if kind not in CT_STRATEGIES or (kind == "float") != (form == "float-quantized"):
+        _refuse(source, f"{field}.type", kind, f"int weights, or float in float-quantized ({form})")
+    if bits not in ((4, 8) if kind == "int" else (8,)):
+        _refuse(source, f"{field}.num_bits", bits, "int weights in 4 or 8 bits, float in 8")
+    if strategy not in CT_STRATEGIES[kind]:
+        _refuse(source, f"{field}.strategy", strategy, f"{kind}: {', '.join(CT_STRATEGIES[kind])}")
+    if weights.get("dynamic"):
+        _refuse(source, f"{field}.dynamic", True, "weights with stored scales")
+    if kind == "float" and not weights.get("symmetric", True):
+        _refuse(source, f"{field}.symmetric", False, "fp8 weights without zero points")
+    size = int(weights.get("group_size") or 0) if strategy == "group" else 0
+    block = tuple(weights.get("block_structure") or ()) if strategy == "block" else ()
+    if strategy == "group" and size <= 0:
+        _refuse(source, f"{field}.group_size", size, "a positive number of inputs")
+    if strategy == "block" and (len(block) != 2 or min(block) <= 0):
+        _refuse(source, f"{field}.block_structure", block, "two positive sizes")
+    return bits, kind, size, block
 
 
 def _check_gptq(quant: dict[str, Any], bits: object, source: str) -> None:

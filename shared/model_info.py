@@ -132,8 +132,9 @@ class ModelInfo:
     normalize_embeddings: bool = True
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
-    # A GPTQ, AWQ or fp8 checkpoint's (`checkpoint_quantization.py`): "" for float weights.
-    quantization: str = ""
+    # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
+    quantization: str = ""  # "" for float weights
+    weight_type: str = ""  # "int" (packed or int8 codes) or "float" (fp8)
     weight_bits: int = 0
     weight_group: int = 0  # inputs a scale covers; 0: a whole row
     weight_block: tuple[int, ...] = ()  # fp8's: outputs and inputs a scale covers; (): all

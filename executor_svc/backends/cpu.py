@@ -114,7 +114,7 @@ class CpuNativeBackend(Backend):
                 )
             return True
         # fp8 checkpoints are dequantized: no CPU kernel here multiplies e4m3 weights
-        stored = engine.model_path.suffix == ".gguf" or self.info.quantization in ("gptq", "awq")
+        stored = engine.model_path.suffix == ".gguf" or self.info.weight_type == "int"
         auto = executor.quantization == "auto" and executor.dtype == "auto"
         return auto and stored and engine.tensor_parallel_size == 1
 

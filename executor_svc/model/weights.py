@@ -2,15 +2,16 @@
 
 A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
 later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
-Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ
-or AWQ checkpoint's packed matrices are unpacked (`kernels/gptq_awq.py`), kept quantized alike
-with `quantized`; an fp8 checkpoint's are dequantized.
+Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ,
+AWQ or compressed-tensors checkpoint's int matrices are unpacked (`kernels/packed_checkpoints.py`),
+kept quantized alike with `quantized`; fp8 matrices are dequantized.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -22,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.gguf_blocks import from_gguf
-from turnstile.kernels.gptq_awq import Grouped, awq, gptq
+from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq, int8_codes
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.model_info import ModelInfo, derived_path, write_derived
 
@@ -98,24 +99,16 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 
 def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
-    """A GPTQ or AWQ checkpoint's packed matrices under `.weight`: with `keep`, quantized where
-    their groups allow (not experts: they compute on dense weights); else float32 values, as an
-    fp8 checkpoint's always are."""
-    if info.quantization == "fp8":
+    """A GPTQ, AWQ or compressed-tensors checkpoint's int matrices under `.weight`: with `keep`,
+    quantized where their groups allow (not experts: they compute on dense weights); else
+    float32 values, as fp8 matrices always are."""
+    if info.weight_type == "float":
         return _fp8_values(weights, info.weight_block)
     if not info.quantization:
         return weights
+    read = _compressed if info.quantization == "compressed-tensors" else _gptq_awq
     dense = 0
-    for name in [n for n in weights if n.endswith(".qweight")]:
-        stem = name.removesuffix("qweight")
-        parts = {part: weights.pop(stem + part, None) for part in ("qzeros", "scales", "g_idx")}
-        if parts["scales"] is None or (info.quantization == "awq" and parts["qzeros"] is None):
-            raise ValueError(f"{name} comes without its scales or zeros")
-        grouped: Grouped
-        if info.quantization == "awq":
-            grouped = awq(weights.pop(name), parts["qzeros"], parts["scales"])
-        else:
-            grouped = gptq(weights.pop(name), parts["scales"], parts["g_idx"], info.weight_bits)
+    for stem, grouped in read(weights, info):
         kept = grouped.kept() if keep and ".experts." not in stem else None
         dense += keep and kept is None
         weights[stem + "weight"] = grouped.values() if kept is None else kept
@@ -125,17 +118,48 @@ def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
     return weights
 
 
+def _gptq_awq(weights: Weights, info: ModelInfo) -> Iterator[tuple[str, Grouped]]:
+    for name in [n for n in weights if n.endswith(".qweight")]:
+        stem = name.removesuffix("qweight")
+        parts = {part: weights.pop(stem + part, None) for part in ("qzeros", "scales", "g_idx")}
+        if parts["scales"] is None or (info.quantization == "awq" and parts["qzeros"] is None):
+            raise ValueError(f"{name} comes without its scales or zeros")
+        if info.quantization == "awq":
+            yield stem, awq(weights.pop(name), parts["qzeros"], parts["scales"])
+        else:
+            yield stem, gptq(weights.pop(name), parts["scales"], parts["g_idx"], info.weight_bits)
+
+
+def _compressed(weights: Weights, info: ModelInfo) -> Iterator[tuple[str, Grouped]]:
+    """Each module with a `weight_scale`: packed codes, or int8 ones under `weight`; the
+    activations' scales are not read."""
+    for name in [n for n in weights if n.endswith(".weight_scale")]:
+        stem = name.removesuffix("weight_scale")
+        scales, zeros, g_idx, shape, _, _ = (weights.pop(stem + part, None) for part in (
+            "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale",
+            "input_zero_point"))  # fmt: skip
+        bits, group = info.weight_bits, info.weight_group
+        if shape is not None and stem + "weight_packed" in weights:
+            packed = weights.pop(stem + "weight_packed")
+            yield stem, compressed(packed, scales, zeros, g_idx, shape.tolist(), bits, group)
+        elif weights[stem + "weight"].dtype == torch.int8:
+            yield stem, int8_codes(weights[stem + "weight"], scales, zeros, g_idx, group, bits)
+        else:
+            raise ValueError(f"{name} scales neither packed nor int8 codes")
+
+
 def _fp8_values(weights: Weights, block: tuple[int, ...]) -> Weights:
-    """vLLM's fp8 checkpoint's e4m3 matrices times their scales, in float32: a tensor's
-    (`weight_scale`), or each block's of `block` outputs by inputs (`weight_scale_inv`, the last
-    blocks of a row or column partial). No backend computes on fp8 weights."""
+    """fp8 checkpoints' e4m3 matrices times their scales, in float32: a tensor's or a row's
+    (`weight_scale`), or each block's of `block` outputs by inputs (vLLM's `weight_scale_inv`,
+    compressed-tensors' `weight_scale`; the last blocks of a row or column partial). No backend
+    computes on fp8 weights."""
     for name in [
         n for n in weights if n.endswith(".weight_scale_inv") or n.endswith(".weight_scale")
     ]:
         stem = name.rsplit(".", 1)[0]
         scale, weight = weights.pop(name).float(), weights[stem + ".weight"].float()
         weights.pop(stem + ".input_scale", None)  # activations stay in the model's dtype
-        if name.endswith("_inv"):
+        if block:
             rows, cols = block
             scale = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
             scale = scale[: weight.shape[0], : weight.shape[1]]

@@ -1,4 +1,5 @@
-"""GPTQ's and AWQ's packed int32 weights, as AutoGPTQ and AutoAWQ write them, unpacked into a
+"""GPTQ's, AWQ's and compressed-tensors' int weights, as AutoGPTQ, AutoAWQ and llm-compressor write
+them, unpacked into a
 `QuantizedWeight` (codes one a byte, a scale and an offset per block of 32 inputs), which the
 cpu backend multiplies as it does a GGUF file's blocks; or into their float values, where they
 are not kept quantized or their groups are not runs of whole blocks (act-order GPTQ, groups of
@@ -11,6 +12,11 @@ are not kept quantized or their groups are not runs of whole blocks (act-order G
 - AWQ (GEMM): `qweight` int32 [in, out / 8], eight consecutive outputs of one input, the lowest
   nibble first in the order 0, 2, 4, 6, 1, 3, 5, 7; `qzeros` [groups, out / 8] alike; `scales`
   [groups, out]; each value (code - zero) * scale.
+- compressed-tensors, pack-quantized: `weight_packed` int32 [out, in * bits / 32 rounded up],
+  each holding 32 / bits consecutive inputs of one output, the first in the lowest bits, each
+  code the value plus 2 ** (bits - 1); `weight_scale` [out, groups]; with zero points,
+  `weight_zero_point` packed alike along the outputs, [out * bits / 32 rounded up, groups];
+  `weight_g_idx` [in] with act order's groups. int-quantized: `weight` int8 [out, in], the value.
 
 Kept quantized, a scale is the checkpoint's fp16 and the offset -zero * scale is rounded to
 fp16 (exact for GPTQ's power-of-two zeros; for AWQ at most 2**-11 of it, as the K-quants'
@@ -83,6 +89,60 @@ def gptq(
                          f"qweight {tuple(qweight.shape)} of {bits}-bit codes")  # fmt: skip
     zeros = torch.full(scales.shape, 1 << (bits - 1), dtype=torch.int32)
     return Grouped(codes, zeros, scales, g_idx.long(), bits)
+
+
+def compressed(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    shape: tuple[int, int],
+    bits: int,
+    group: int,
+) -> Grouped:
+    """pack-quantized: `scales` [out, groups], `group` inputs a scale (0: a row)."""
+    out, inputs = shape
+    codes = _fields(packed, bits).reshape(out, -1)[:, :inputs]
+    if zeros is not None:
+        zeros = _fields(zeros.T, bits).reshape(scales.shape[1], -1)[:, :out]
+    return _signed(codes, scales, zeros, g_idx, group, bits)
+
+
+def int8_codes(
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    group: int,
+    bits: int,
+) -> Grouped:
+    """int-quantized: `weight` int8 [out, in], `scales` [out, groups] or one, `zeros` (int8
+    values, not packed) alike."""
+    half = 1 << (bits - 1)
+    if zeros is not None:
+        zeros = zeros.reshape(-1, scales.shape[-1]).int().T + half
+    return _signed(weight.int() + half, scales, zeros, g_idx, group, bits)
+
+
+def _signed(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    group: int,
+    bits: int,
+) -> Grouped:
+    """Codes offset by 2 ** (bits - 1), as compressed-tensors stores them, with zeros alike
+    ([groups, out]; None: symmetric)."""
+    out, inputs = codes.shape
+    scales = scales.reshape(-1, scales.shape[-1]).expand(out, -1).T
+    zeros = torch.full((1, 1), 1 << (bits - 1)) if zeros is None else zeros
+    if g_idx is None:
+        g_idx = torch.arange(inputs) // (group or inputs)
+    if g_idx.shape != (inputs,) or int(g_idx.max()) >= scales.shape[0]:
+        raise ValueError(f"scales {tuple(scales.shape)} or zeros do not fit a weight of "
+                         f"{tuple(codes.shape)} in groups of {group}")  # fmt: skip
+    return Grouped(codes.to(torch.uint8), zeros.expand_as(scales), scales, g_idx.long(), bits)
 
 
 def awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> Grouped:

@@ -262,9 +262,10 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
     eos_ids = _eos_ids(config, generation)
     heads = config["num_attention_heads"]
-    template = None
+    template_file = path / "chat_template.jinja"  # where transformers 4.43 on saves it
+    template = template_file.read_text() if template_file.exists() else None
     tokenizer_config = path / "tokenizer_config.json"
-    if tokenizer_config.exists():
+    if template is None and tokenizer_config.exists():
         template = json.loads(tokenizer_config.read_text()).get("chat_template")
     rope, _ = rope_parameters(config)
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))

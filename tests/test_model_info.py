@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,31 @@ def test_eos_ids_and_sampling_defaults_come_from_config_and_generation_config(
     assert info.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
     embedded = read_model_info(embedded_model_path())
     assert embedded.all_eos_token_ids == (embedded.eos_token_id,)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_the_chat_template_is_read_where_transformers_saves_it(
+    legacy: bool, tmp_path: Path
+) -> None:
+    """transformers (4.43 on) saves it apart, in chat_template.jinja; older folders hold it in
+    tokenizer_config.json."""
+    import tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4).save_pretrained(tmp_path)  # fmt: skip
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    words = tokenizers.models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(words))
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(tmp_path)
+    if legacy:
+        (tmp_path / "chat_template.jinja").unlink()
+        saved = json.loads((tmp_path / "tokenizer_config.json").read_text())
+        saved["chat_template"] = template
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(saved))
+    assert "chat_template" not in (tmp_path / "tokenizer_config.json").read_text() or legacy
+    assert read_model_info(tmp_path).chat_template == template
 
 
 def test_derived_caches_follow_the_model_files_content_not_its_install(

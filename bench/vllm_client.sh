@@ -18,3 +18,16 @@ alternate() {
     bench "vllm-$r" 8100 "$r" "$2" "${@:3}"
   done
 }
+#   start_pair MODEL "TURNSTILE FLAGS" "VLLM FLAGS": both servers on MODEL (Turnstile on port
+#   8000, vLLM on 8100; logs in $out, pids in $ts_pid and $v_pid), once both answer /health;
+#   stop_pair ends them
+start_pair() {
+  .venv/bin/turnstile serve --host 127.0.0.1 --port 8000 --model "$1" --served-model-name "$1" \
+    $2 > "$out"/turnstile.log 2>&1 & ts_pid=$!
+  "$P"/bin/vllm serve "$1" --host 127.0.0.1 --port 8100 --max-model-len 2048 $3 \
+    > "$out"/vllm.log 2>&1 & v_pid=$!
+  for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
+    for _ in $(seq 600); do curl -sf "$url" >/dev/null && break; sleep 1; done
+  done
+}
+stop_pair() { kill -TERM "$ts_pid" "$v_pid"; wait "$ts_pid" "$v_pid" 2>/dev/null || true; ts_pid=; v_pid=; }

@@ -14,10 +14,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnstile.gateway_svc import metrics, responses_output
+from turnstile.gateway_svc.beam_search import beam_search_of
+from turnstile.gateway_svc.completions_output import answer_stream, answer_whole
 from turnstile.gateway_svc.embeddings import Embeddings
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.generation import Choice, Generation, answer_stream, answer_whole
+from turnstile.gateway_svc.generation import Choice, Generation
 from turnstile.gateway_svc.openai_api import (
     Request,
     check_capacity,
@@ -247,6 +249,7 @@ class Gateway:
         end = -1 if think is None else think.end
         messages = [engine_request(request, ids, *limits, grammar, end, lora) for ids in prompts]
         n = request.n or 1
+        beams = beam_search_of(request, self.tokenizer.info.all_eos_token_ids)
         for ids, message in zip(prompts, messages, strict=True):
             check_capacity(self.engine.status, self.block_size, len(ids), message.max_tokens, n)
         if not self.engine.ready:
@@ -267,7 +270,7 @@ class Gateway:
                 choice.echo, choice.prompt_ids, choice.thinking = echo, ids, think
             if request.prompt_top is not None:  # the first choice brings them
                 choices[0].prompt_logprobs = [None] * len(ids)
-            generation.start(message, choices)
+            generation.start(message, choices, beams)
         generation.tool_mode = tools
         generation.thinking = None if not chat or self.think is None else think is not None
         return generation

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc.beam_search import BeamSearch
 from turnstile.gateway_svc.engine_client import End, EngineClient, PromptEntries, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
-from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.text_stream import TextStream
 from turnstile.shared.protocol import AddRequest
 from turnstile.shared.tokenizer import Tokenizer
@@ -103,12 +102,17 @@ class Generation:
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self, message: AddRequest, choices: list[Choice]) -> None:
-        """Run `message` as `choices`, the first alone until its prompt is computed."""
+    def start(
+        self, message: AddRequest, choices: list[Choice], beams: BeamSearch | None = None
+    ) -> None:
+        """Run `message` as `choices`, the first alone until its prompt is computed; or, with
+        `beams`, as a beam search whose best beams are the choices, answered as it ends."""
         self.choices += choices
-        self._tasks.append(asyncio.get_running_loop().create_task(
-            self._run(message, choices[0], choices[1:])
-        ))  # fmt: skip
+        if beams is None:
+            run = self._run(message, choices[0], choices[1:])
+        else:
+            run = self._search(message, choices, beams)
+        self._tasks.append(asyncio.get_running_loop().create_task(run))
 
     def close(self) -> None:
         """Stop whatever still runs (a no-op for choices that ended)."""
@@ -148,6 +152,21 @@ class Generation:
             await self._pump(first, message, rest)
         except ApiError as exc:
             self._pieces.put_nowait(exc)
+
+    async def _search(self, message: AddRequest, choices: list[Choice], beams: BeamSearch) -> None:
+        try:
+            found = await beams.run(self.engine, message)
+        except ApiError as exc:
+            self._pieces.put_nowait(exc)
+            return
+        for choice, beam in zip(choices, found, strict=True):
+            # an EOS that ended a beam is dropped unless shown (vLLM's token ids and usage)
+            tokens = list(beam.tokens[: len(beam.tokens) - (beam.finished and bool(choice.hidden))])
+            for token in tokens:
+                choice.token(token)
+            text = "".join(choice.text.add(token) for token in tokens) + choice.text.finish()
+            finish = "stop" if beam.finished else "length"
+            self._pieces.put_nowait(Piece(choice.index, text, [], finish, tokens))
 
     async def _pump(self, choice: Choice, message: AddRequest, siblings: list[Choice]) -> None:
         if choice.echo:
@@ -208,77 +227,3 @@ def sibling_request(message: AddRequest, offset: int) -> AddRequest:
         prompt_logprobs=None,
     )
     return msgspec.structs.replace(message, sampling=sampling)
-
-
-async def answer_whole(shape: ResponseShape, generation: Generation) -> web.Response:
-    count = len(generation.choices)
-    texts: list[list[str]] = [[] for _ in range(count)]
-    entries: list[Logprobs] = [[] for _ in range(count)]
-    token_ids: list[list[int]] = [[] for _ in range(count)]
-    finish = ["stop"] * count
-    async for piece in generation.pieces():
-        texts[piece.index].append(piece.text)
-        entries[piece.index] += piece.logprobs
-        token_ids[piece.index] += piece.token_ids
-        finish[piece.index] = piece.finish_reason or finish[piece.index]
-    choices, request = [], generation.request
-    for i, choice in enumerate(generation.choices):
-        text, calls, reason, reasoning = "".join(texts[i]), [], finish[i], None
-        if shape.reasoning is not None:
-            reasoning, text = shape.reasoning.whole(i, text)
-        if shape.calls is not None:
-            text, calls, reason = shape.calls[i].whole(text, reason)
-        logprobs = shape.logprobs(entries[i], len(choice.echo))
-        if choice.echo and isinstance(request, CompletionRequest) and request.logprobs is not None:
-            first = generation.choices[i - i % generation.n]  # its prompt's, which brought them
-            prompt = shape.echo_logprobs(first.prompt_ids, first.prompt_logprobs, request.logprobs)
-            logprobs = prompt if logprobs is None else {k: prompt[k] + logprobs[k] for k in prompt}
-        choices.append((text, reason, logprobs, calls, token_ids[i], reasoning))
-    top = request.prompt_logprobs
-    prompts = [shape.prompt_logprobs(c.prompt_logprobs, top) for c in generation.choices]
-    body = shape.whole(choices, generation.usage(), prompts if top is not None else None)
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
-
-
-async def answer_stream(
-    http: web.Request, shape: ResponseShape, generation: Generation, request: Request
-) -> web.StreamResponse:
-    options = request.stream_options
-    pieces = generation.pieces()
-    # The first piece is awaited before answering, so a refused request still gets its
-    # proper HTTP status instead of an error inside a 200 stream.
-    piece: Piece | None = await anext(pieces)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(http)
-    offsets = [0] * len(generation.choices)
-    started = [False] * len(generation.choices)
-    token_ids: list[list[int]] = [[] for _ in generation.choices]  # not sent yet
-    try:
-        while piece is not None:
-            i, text, calls, reason = piece.index, piece.text, [], piece.finish_reason
-            reasoning = ""
-            if shape.reasoning is not None:
-                reasoning, text = shape.reasoning.step(i, text, reason is not None)
-            if shape.calls is not None:
-                text, calls, reason = shape.calls[i].step(text, reason)
-            logprobs = shape.logprobs(piece.logprobs, offsets[i])
-            offsets[i] += len(text)
-            usage = generation.usage() if options and options.continuous_usage_stats else None
-            token_ids[i] += piece.token_ids
-            if text or calls or reason or logprobs or reasoning or not started[i]:
-                chunk = shape.chunk(
-                    i, text, reason, logprobs, not started[i], usage, calls, token_ids[i],
-                    reasoning,
-                )  # fmt: skip
-                token_ids[i] = []
-                started[i] = True
-                await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-            piece = await anext(pieces, None)
-    except ApiError as exc:
-        await response.write(b"data: " + msgspec.json.encode(exc.body()) + b"\n\n")
-    if options and options.include_usage:
-        chunk = shape.usage_chunk(generation.usage())
-        await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response

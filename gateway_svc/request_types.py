@@ -81,8 +81,6 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (None, a field left out, always passes).
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "best_of": (1,),
-        "use_beam_search": (False,),
-        "length_penalty": (1.0,),
         "store": (False,),
         "return_hidden_states": (False,),
     }
@@ -115,8 +113,9 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority: Annotated[int, Meta(ge=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)] = 0
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
     best_of: refused("1") = None
-    use_beam_search: refused("false") = None
-    length_penalty: refused("1") = None
+    # vLLM's beam search (`beam_search.py`): n beams, ranked with length_penalty
+    use_beam_search: bool = False
+    length_penalty: Annotated[float, Meta(ge=-10, le=10)] = 1.0
     # vLLM's: each prompt's last k tokens (the chat's as templated); -1: the context's length
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids

@@ -51,8 +51,8 @@ COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "priority": ({"priority": -1}, FCFS),
     "n": ({"n": 2}, OK),
     "best_of": ({"best_of": 2}, REFUSED),
-    "use_beam_search": ({"use_beam_search": True}, REFUSED),
-    "length_penalty": ({"length_penalty": 0.5}, REFUSED),
+    "use_beam_search": ({"use_beam_search": True, "n": 2}, OK),  # test_beam_search.py
+    "length_penalty": ({"use_beam_search": True, "length_penalty": 0.5}, OK),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 4}, OK),
     "return_token_ids": ({"return_token_ids": True}, OK),
     "cache_salt": ({"cache_salt": "tenant-a"}, OK),

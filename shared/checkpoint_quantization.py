@@ -1,9 +1,10 @@
 """A Hugging Face checkpoint's `quantization_config`: GPTQ and AWQ, the two vLLM serves on a CPU,
-fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), and compressed-tensors
-(llm-compressor's: int weights packed or in int8, fp8 weights), read and checked as vLLM checks
-them; any other method, or a setting of these the executor does not compute, refused at start
-by name. Activations are computed as the executor computes them (its dtype, or its own int8
-products where weights stay quantized): a checkpoint's activation scheme is not read."""
+fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), compressed-tensors
+(llm-compressor's: int weights packed or in int8, fp8 weights) and bitsandbytes (4 bits, as
+transformers saves it), read and checked as vLLM checks them; any other method, or a setting of
+these the executor does not compute, refused at start by name. Activations are computed as the
+executor computes them (its dtype, or its own int8 products where weights stay quantized): a
+checkpoint's activation scheme is not read."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from turnstile.shared.model_support import UnsupportedModel
 
-METHODS = ("gptq", "awq", "fp8", "compressed-tensors")
+METHODS = ("gptq", "awq", "fp8", "compressed-tensors", "bitsandbytes")
 # vLLM's: GPTQ symmetric in 4 or 8 bits (its uint4b8 and uint8b128), AWQ in 4 with zero points.
 GPTQ_BITS = (4, 8)
 AWQ_BITS = (4,)
@@ -31,6 +32,8 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
         return _fp8(quant, source)
     if method == "compressed-tensors":
         return compressed_tensors(quant, source)
+    if method == "bitsandbytes":
+        return _bitsandbytes(quant, source)
     bits = quant.get("bits", quant.get("w_bit"))
     group = int(quant.get("group_size", quant.get("q_group_size", -1)))
     if group == 0 or group < -1:
@@ -122,6 +125,20 @@ def _ct_scheme(
     if strategy == "block" and (len(block) != 2 or min(block) <= 0):
         _refuse(source, f"{field}.block_structure", block, "two positive sizes")
     return bits, kind, size, block
+
+
+def _bitsandbytes(quant: dict[str, Any], source: str) -> dict[str, Any]:
+    """transformers' BitsAndBytesConfig in 4 bits (NF4 or FP4, double quantization or not),
+    bytes holding the codes; served dequantized."""
+    if quant.get("load_in_8bit") or quant.get("_load_in_8bit"):
+        _refuse(source, "load_in_8bit", True, "bitsandbytes in 4 bits only (LLM.int8 is not)")
+    kind = quant.get("bnb_4bit_quant_type", "fp4")
+    if kind not in ("nf4", "fp4"):
+        _refuse(source, "bnb_4bit_quant_type", kind, "nf4 or fp4")
+    storage = quant.get("bnb_4bit_quant_storage", "uint8")
+    if storage != "uint8":
+        _refuse(source, "bnb_4bit_quant_storage", storage, "codes stored in bytes (uint8)")
+    return {"quantization": "bitsandbytes", "weight_bits": 4, "weight_type": kind}
 
 
 def _check_gptq(quant: dict[str, Any], bits: object, source: str) -> None:

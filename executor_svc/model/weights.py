@@ -4,7 +4,7 @@ A GGUF file is dequantized once and cached as safetensors next to the user's cac
 later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
 Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ,
 AWQ or compressed-tensors checkpoint's int matrices are unpacked (`kernels/packed_checkpoints.py`),
-kept quantized alike with `quantized`; fp8 matrices are dequantized.
+kept quantized alike with `quantized`; fp8 and bitsandbytes matrices are dequantized.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
+from turnstile.kernels.bitsandbytes_weights import dequantized as bitsandbytes_dequantized
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq, int8_codes
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
@@ -104,6 +105,8 @@ def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
     float32 values, as fp8 matrices always are."""
     if info.weight_type == "float":
         return _fp8_values(weights, info.weight_block)
+    if info.quantization == "bitsandbytes":
+        return _bitsandbytes_values(weights)
     if not info.quantization:
         return weights
     read = _compressed if info.quantization == "compressed-tensors" else _gptq_awq
@@ -165,6 +168,21 @@ def _fp8_values(weights: Weights, block: tuple[int, ...]) -> Weights:
             scale = scale[: weight.shape[0], : weight.shape[1]]
         weights[stem + ".weight"] = weight * scale
     log.info("fp8 weights dequantized (no backend computes on them)")
+    return weights
+
+
+def _bitsandbytes_values(weights: Weights) -> Weights:
+    """bitsandbytes' 4-bit matrices (`kernels/bitsandbytes_weights.py`) in float32: no kernel
+    here multiplies NF4 or FP4 codes."""
+    for name in [n for n in weights if ".weight.quant_state.bitsandbytes__" in n]:
+        stem = name.split(".quant_state.")[0]
+        state = json.loads(weights.pop(name).numpy().tobytes())
+        names = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+        parts = {part: weights.pop(f"{stem}.{part}", None) for part in names}
+        if parts["absmax"] is None or parts["quant_map"] is None:
+            raise ValueError(f"{stem} comes without its absmax or quant_map")
+        weights[stem] = bitsandbytes_dequantized(weights[stem], state=state, **parts)
+    log.info("bitsandbytes weights dequantized (no backend computes on 4-bit codes)")
     return weights
 
 

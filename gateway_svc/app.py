@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -39,7 +40,11 @@ from turnstile.gateway_svc.request_ids import (
     answered,
     request_id_header,
 )
-from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.request_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    StreamOptions,
+)
 from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.responses_output import ResponseObject
@@ -85,8 +90,10 @@ class Gateway:
         responses_kept: int = 0,
         log_requests: bool = False,
         think: ThinkTokens | None = None,
+        force_usage: bool = False,
     ) -> None:
         self.engine = engine
+        self.force_usage = force_usage  # every stream ends with its usage
         self.think = think  # --reasoning-parser's markers: a chat's thinking told apart
         self.log_requests = log_requests  # a line each request as it ends
         self.stored = ResponsesStore(responses_kept)  # for previous_response_id and GET
@@ -195,6 +202,9 @@ class Gateway:
 
     async def _generate(self, http: web.Request, request: Request) -> web.StreamResponse:
         arrival = time.perf_counter()
+        if self.force_usage and request.stream:  # vLLM's --enable-force-include-usage
+            options = request.stream_options or StreamOptions()
+            request.stream_options = msgspec.structs.replace(options, include_usage=True)
         request_id = answer_id(http, request.request_id)
         generation = await self._start(request, arrival)
         chat = isinstance(request, ChatCompletionRequest)

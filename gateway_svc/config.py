@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.shared.config import AddressConfig, EngineConfig
 from turnstile.shared.lora import LoraConfig
 from turnstile.shared.settings import nested, setting
@@ -34,6 +35,19 @@ class GatewayConfig:
         "auto: generation_config.json's temperature, top_p, top_k for requests that leave them "
         "out (as vLLM); none: neutral (1, 1, off)",
     )
+    override_generation_config: dict[str, float] | None = setting(
+        None,
+        'sampling defaults as JSON, e.g. {"temperature": 0.5}: over the model\'s (auto) or '
+        "alone (none); temperature, top_p, top_k, min_p and the penalties (vLLM's flag)",
+    )
+    default_chat_template_kwargs: dict[str, Any] | None = setting(
+        None,
+        'the chat template\'s keyword arguments as JSON, e.g. {"enable_thinking": false}; a '
+        "request's chat_template_kwargs win (vLLM's flag)",
+    )
+    enable_force_include_usage: bool = setting(
+        False, "every stream ends with its usage, as stream_options.include_usage (vLLM's flag)"
+    )
     enable_auto_tool_choice: bool = setting(
         False, 'tool_choice "auto": the model may call the tools; --tool-call-parser reads them'
     )
@@ -62,6 +76,7 @@ class GatewayConfig:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
+        model_sampling_defaults(None, self.override_generation_config)  # refused before a start
 
     @property
     def auto_tool_parser(self) -> str | None:

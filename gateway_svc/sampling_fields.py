@@ -20,14 +20,21 @@ NEUTRAL_SAMPLING = {
 }  # fmt: skip
 
 
-def model_sampling_defaults(found: dict[str, float] | None) -> dict[str, float]:
-    """The model's sampling defaults (generation_config.json's), for requests that leave them
-    out; one outside the range a request may ask for is refused at start, by name."""
-    defaults = dict(found or {})
+def model_sampling_defaults(
+    found: dict[str, float] | None, override: dict[str, float] | None = None
+) -> dict[str, float]:
+    """The sampling defaults for requests that leave them out: the model's
+    (generation_config.json's) under `override` (--override-generation-config); one outside the
+    range a request may ask for, or that is no sampling setting, is refused at start, by name."""
+    unknown = sorted(set(override or {}) - set(NEUTRAL_SAMPLING))
+    if unknown:
+        raise ValueError(f"--override-generation-config: {unknown[0]!r} is not supported (only "
+                         f"{', '.join(NEUTRAL_SAMPLING)})")  # fmt: skip
+    defaults = {**(found or {}), **(override or {})}
     try:
         msgspec.convert({**defaults, "prompt": ""}, CompletionRequest)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"the model's generation_config.json: {exc}") from None
+        raise ValueError(f"generation_config.json or --override-generation-config: {exc}") from None
     return defaults
 
 

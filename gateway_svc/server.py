@@ -48,11 +48,11 @@ async def _serve(config: GatewayServiceConfig) -> None:
     info = read_model_info(model)
     if settings.chat_template is not None:
         info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))
-    auto = settings.generation_config == "auto"
-    sampling_defaults = model_sampling_defaults(info.sampling_defaults) if auto else None
+    found = info.sampling_defaults if settings.generation_config == "auto" else None
+    sampling_defaults = model_sampling_defaults(found, settings.override_generation_config)
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
-    tokenizer = Tokenizer(model, info)
+    tokenizer = Tokenizer(model, info, settings.default_chat_template_kwargs)
     parser = settings.reasoning_parser
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
     names = settings.served_model_name or [served_name(model)]
@@ -76,6 +76,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.responses_store_size,
         settings.enable_log_requests,
         ThinkTokens.of(tokenizer, parser) if parser else None,
+        settings.enable_force_include_usage,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

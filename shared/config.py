@@ -68,7 +68,9 @@ class SchedulingConfig:
     """How the scheduler fills each step"""
 
     max_num_batched_tokens: int = setting(2048, "tokens one step may compute")
-    policy: Policy = setting("fcfs", "which waiting request starts first")
+    policy: Policy = setting(
+        "fcfs", "which waiting request starts first", alias="scheduling-policy"
+    )
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
     static_batching: StaticBatching | None = setting(
         None,

@@ -26,9 +26,10 @@ class SettingError(ValueError):
     """A setting's value that does not fit it; the message names the setting and its source."""
 
 
-def setting(default: Any, help: str) -> Any:
-    """A field of a settings class: its one default and its one line of help."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, alias: str | None = None) -> Any:
+    """A field of a settings class: its one default and its one line of help; `alias`: a second
+    flag name (vLLM's, where ours differs)."""
+    return dataclasses.field(default=default, metadata={"help": help, "alias": alias})
 
 
 def nested(cls: type) -> Any:
@@ -89,7 +90,13 @@ def add_settings(parser: argparse.ArgumentParser, cls: type) -> None:
         else:
             options["choices"] = _choices(hint)
             options["metavar"] = None if options["choices"] else field.name.split("_")[-1].upper()
-        groups[owner].add_argument(flag(field.name), **options)
+        alias = field.metadata.get("alias")
+        names = [flag(field.name), *([f"--{alias}"] if alias else [])]
+        groups[owner].add_argument(*names, dest=field.name, **options)
+
+
+def _is_dict(hint: Any) -> bool:
+    return any(typing.get_origin(arg) is dict for arg in (hint, *typing.get_args(hint)))
 
 
 def _is_list(hint: Any) -> bool:
@@ -101,6 +108,11 @@ def _convert(value: Any, hint: Any, source: str) -> Any:
         return None
     if isinstance(value, str) and _is_list(hint):
         value = value.split()  # a variable holds a list as words
+    if isinstance(value, str) and _is_dict(hint):
+        try:
+            value = msgspec.json.decode(value)  # a flag or a variable holds a mapping as JSON
+        except msgspec.DecodeError as exc:
+            raise SettingError(f"{source}: {value!r} is not a JSON object ({exc})") from None
     try:
         return msgspec.convert(value, hint, strict=not isinstance(value, str))
     except msgspec.ValidationError as exc:

@@ -33,9 +33,13 @@ def _load_backend(model: Path) -> tokenizers.Tokenizer:
 
 
 class Tokenizer:
-    def __init__(self, model: Path, info: ModelInfo) -> None:
+    def __init__(
+        self, model: Path, info: ModelInfo, template_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """`template_kwargs`: the chat template's defaults (a render's own win)."""
         self.backend = _load_backend(model)
         self.info = info
+        self.template_kwargs = template_kwargs or {}
         self.vocab_size = self.backend.get_vocab_size()
         # No token stands for more characters than its longest vocabulary entry (x4 for a
         # normalizer that composes characters): a text over max_model_len times this is
@@ -73,6 +77,7 @@ class Tokenizer:
         variables = {
             "bos_token": self.token_text(self.info.bos_token_id),
             "eos_token": self.token_text(self.info.eos_token_id),
+            **self.template_kwargs,
             **template_kwargs,
         }
         try:

@@ -200,9 +200,19 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_kv_cache(named: Server
     assert chat.usage.completion_tokens == tokens - prompt > 16
 
 
-@pytest.mark.parametrize("generation_config", ["auto", "none"])
+@pytest.mark.parametrize(
+    ("flags", "greedy_left_out"),
+    [
+        (["--generation-config", "auto"], True),
+        (["--generation-config", "none"], False),
+        # vLLM's --override-generation-config: alone under none, over the model's under auto
+        (["--generation-config", "none", "--override-generation-config", '{"temperature": 0}'],
+         True),
+        (["--override-generation-config", '{"temperature": 1.0}'], False),
+    ],
+)  # fmt: skip
 def test_the_models_generation_config_fills_what_a_request_leaves_out(
-    tmp_path: Path, generation_config: str
+    tmp_path: Path, flags: list[str], greedy_left_out: bool
 ) -> None:
     """A model folder whose generation_config.json asks for greedy decoding: requests without a
     temperature decode greedily under --generation-config auto, and sample under none."""
@@ -213,12 +223,12 @@ def test_the_models_generation_config_fills_what_a_request_leaves_out(
     folder = tiny_llama(tmp_path)
     (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
     with launched_server("--model", str(folder), "--dtype", "float32", "--num-blocks", "64",
-                         "--generation-config", generation_config) as server:  # fmt: skip
+                         *flags) as server:  # fmt: skip
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         args = dict(model=folder.name, prompt="w5 w6 w7", max_tokens=12)
         greedy = client.completions.create(**args, temperature=0).choices[0].text
         left_out = {client.completions.create(**args, seed=s).choices[0].text for s in range(4)}
-    if generation_config == "auto":
+    if greedy_left_out:
         assert left_out == {greedy}
     else:
         assert left_out != {greedy}  # temperature 1: the draws differ from greedy

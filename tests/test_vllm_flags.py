@@ -1,0 +1,82 @@
+"""vLLM's serve flags where a deployment passes them: `--scheduling-policy` (our `--policy`),
+`--default-chat-template-kwargs`, `--enable-force-include-usage`, `--override-generation-config`
+(the sampling itself: test_choices_and_endpoints.py), on a running stack through the official
+client; what they do not take is refused at start by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import openai
+import pytest
+from conftest import MODEL
+
+from turnstile.bench.server_process import Server, launched_server
+
+pytestmark = pytest.mark.slow  # starts a stack
+
+# The template greets with its `greeting` argument, which the flag gives by default.
+TEMPLATE = "{{ greeting }}:{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    template = tmp_path_factory.mktemp("template") / "greeting.jinja"
+    template.write_text(TEMPLATE)
+    flags = ["--scheduling-policy", "priority", "--chat-template", str(template),
+             "--default-chat-template-kwargs", json.dumps({"greeting": "Ahoy"}),
+             "--enable-force-include-usage", "--num-blocks", "128"]  # fmt: skip
+    with launched_server(*flags) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+
+
+def _rendered(server: Server, **fields: object) -> str:
+    root = openai.OpenAI(base_url=server.url, api_key="-", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    ids = root.post("/tokenize", cast_to=object, body={"messages": messages, **fields})["tokens"]
+    return root.post("/detokenize", cast_to=object, body={"tokens": ids})["prompt"]
+
+
+def test_the_default_chat_template_kwargs_render_unless_a_request_gives_its_own(
+    server: Server,
+) -> None:
+    assert _rendered(server) == "Ahoy:Hi"
+    assert _rendered(server, chat_template_kwargs={"greeting": "Hello"}) == "Hello:Hi"
+
+
+def test_every_stream_ends_with_its_usage(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None:
+    """A priority is refused under the default fcfs (test_request_fields.py); here it runs."""
+    answer = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": -1}
+    )
+    assert answer.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--override-generation-config", '{"max_new_tokens": 8}'], "'max_new_tokens' is not"),
+        (["--override-generation-config", '{"temperature": 9}'], "Expected `float` <= 2"),
+        (["--default-chat-template-kwargs", "{not json"], "is not a JSON object"),
+        (["--scheduling-policy", "lifo"], "invalid choice: 'lifo'"),
+    ],
+)
+def test_a_value_these_flags_do_not_take_is_refused_before_anything_starts(
+    flags: list[str], refusal: str
+) -> None:
+    done = subprocess.run([sys.executable, "-m", "turnstile.cli", "serve", *flags],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode != 0 and refusal in done.stderr

@@ -26,6 +26,13 @@ def _xml(name: str, **values: str) -> str:
 
 
 TEXTS = {
+    "granite": [
+        '<|tool_call|>[{"name": "add", "arguments": {"a": 1}}]',
+        'I will check. <tool_call>[{"name": "add", "arguments": {"a": 1}}, {"name": "weather", '
+        '"arguments": {"city": "Oslo"}}]',
+        "No call here.",
+        "<tool_call>[not json]",
+    ],
     "hermes": [
         'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
         '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>\n<tool_call>'
@@ -47,6 +54,12 @@ TEXTS = {
         '[TOOL_CALLS]add[ARGS]{"a": 3}[TOOL_CALLS]weather[ARGS]{"city": "Paris"}',
         "No call at all.",
         "[TOOL_CALLS]not json",
+    ],
+    "phi4_mini_json": [
+        'functools[{"name": "add", "arguments": {"a": 1}}]',
+        'functools[{"name": "add", "parameters": {"a": 2}}, {"name": "weather", "arguments": '
+        '{"city": "Oslo", "tags": ["a", "b"]}}]',
+        "Plain text.",
     ],
     "pythonic": [
         "[add(a=1, b='x'), weather(city=\"Paris\", days=-3, metric=true, tags=('a', 'b'))]",

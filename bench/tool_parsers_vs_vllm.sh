@@ -3,8 +3,8 @@
 # venv): the answers of `turnstile.bench.tool_call_texts` read through vLLM's parser (whole, its
 # `extract_tool_calls`) and through Turnstile's, whole and streamed in pieces of 1, 3 and 7
 # characters; the calls found (names, arguments as JSON values) and the text left (stripped)
-# must agree. vLLM's mistral and llama3_json parsers need their marks in the tokenizer: the
-# embedded model's, with [TOOL_CALLS], [ARGS] and <|python_tag|> added.
+# must agree. vLLM's mistral, llama3_json and granite parsers need their marks in the tokenizer:
+# the embedded model's, with [TOOL_CALLS], [ARGS], <|python_tag|> and <|tool_call|> added.
 #   usage: bench/tool_parsers_vs_vllm.sh
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d)
@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers import ToolParserManager
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"]})
+tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "<|tool_call|>"]})
 corpus = json.load(open(sys.argv[2]))
 request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
                                 tools=corpus["tools"])

@@ -52,7 +52,12 @@ from turnstile.gateway_svc.responses_store import ResponsesStore
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
-from turnstile.gateway_svc.tool_calls import CallReaders, forced_call, tool_mode
+from turnstile.gateway_svc.tool_calls import (
+    CallReaders,
+    forced_call,
+    keeps_special_tokens,
+    tool_mode,
+)
 from turnstile.shared.metrics_server import every_service_metrics
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -246,6 +251,8 @@ class Gateway:
         chat = isinstance(request, ChatCompletionRequest)
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
         tools = tool_mode(request, self.tool_parser) if chat else None
+        if keeps_special_tokens(tools, self.tool_parser):
+            request.skip_special_tokens = False
         constraint = grammar_of(request, forced_call(request, tools) if chat else None)
         grammar = None if constraint is None else constraint[1]
         prompts = await asyncio.get_running_loop().run_in_executor(

@@ -52,7 +52,16 @@ class GatewayConfig:
         False, 'tool_choice "auto": the model may call the tools; --tool-call-parser reads them'
     )
     tool_call_parser: (
-        Literal["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"] | None
+        Literal[
+            "granite",
+            "hermes",
+            "llama3_json",
+            "mistral",
+            "phi4_mini_json",
+            "pythonic",
+            "qwen3_coder",
+        ]
+        | None
     ) = setting(None, "how the model writes its tool calls (vLLM's parser names)")
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = setting(
         None,

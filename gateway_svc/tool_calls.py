@@ -19,6 +19,12 @@ from turnstile.gateway_svc.tool_parsers import PARSERS, Call, make_call
 from turnstile.shared.protocol import Grammar
 
 
+def keeps_special_tokens(mode: str | None, parser: str | None) -> bool:
+    """Whether a chat's answer is decoded with its special tokens, as vLLM's tool parser of that
+    name has it decoded (its `adjust_request`): a call's marker may be one."""
+    return mode is not None and parser is not None and PARSERS[parser].KEEPS_SPECIAL_TOKENS
+
+
 def tool_mode(request: ChatCompletionRequest, parser: str | None) -> str | None:
     """How the request's output holds calls: "required", "named", "auto", or None (none)."""
     choice = request.tool_choice

@@ -1,7 +1,8 @@
 """vLLM's serve flags where a deployment passes them: `--scheduling-policy` (our `--policy`),
 `--default-chat-template-kwargs`, `--enable-force-include-usage`, `--override-generation-config`
-(the sampling itself: test_choices_and_endpoints.py), on a running stack through the official
-client; what they do not take is refused at start by name."""
+(the sampling itself: test_choices_and_endpoints.py), and a tool request decoded keeping
+special tokens as vLLM's hermes parser has it, on a running stack through the official client;
+what the flags do not take is refused at start by name."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     template.write_text(TEMPLATE)
     flags = ["--scheduling-policy", "priority", "--chat-template", str(template),
              "--default-chat-template-kwargs", json.dumps({"greeting": "Ahoy"}),
-             "--enable-force-include-usage", "--num-blocks", "128"]  # fmt: skip
+             "--enable-force-include-usage", "--num-blocks", "128",
+             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
     with launched_server(*flags) as running:
         yield running
 
@@ -55,6 +57,19 @@ def test_the_default_chat_template_kwargs_render_unless_a_request_gives_its_own(
 def test_every_stream_ends_with_its_usage(client: openai.OpenAI) -> None:
     chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_a_tool_request_keeps_special_tokens_as_vllms_hermes_parser_has_it(
+    client: openai.OpenAI,
+) -> None:
+    """With tools, the answer is decoded keeping special tokens (a call's marker may be one);
+    without, they are skipped. The model may only say <|im_start|> (id 1, a special token)."""
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                temperature=0, extra_body={"allowed_token_ids": [1]})  # fmt: skip
+    with_tools = client.chat.completions.create(**args, tools=[tool])
+    assert with_tools.choices[0].message.content == "<|im_start|>" * 3
+    assert client.chat.completions.create(**args).choices[0].message.content == ""
 
 
 def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None:

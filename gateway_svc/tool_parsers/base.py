@@ -26,6 +26,10 @@ def make_call(name: Any, arguments: Any) -> Call:
 class ToolParser(ABC):
     """One choice's text, fed piece by piece (`feed`), then `finish`."""
 
+    # vLLM's parser of this name decodes a tool request keeping special tokens (its
+    # `adjust_request`): the marker may be one (Mistral's [TOOL_CALLS], Granite's <|tool_call|>).
+    KEEPS_SPECIAL_TOKENS = False
+
     def __init__(self, tools: list[dict[str, Any]]) -> None:
         self.tools = tools  # the request's, as OpenAI's API writes them
         self.text = ""  # held back: it may still become (part of) a call

@@ -9,6 +9,8 @@ from turnstile.gateway_svc.tool_parsers.base import Call, TaggedCalls, make_call
 
 
 class Hermes(TaggedCalls):
+    KEEPS_SPECIAL_TOKENS = True
+
     def call(self, body: str) -> Call:
         found = json.loads(body)
         return make_call(found["name"], found.get("arguments", {}))

@@ -14,6 +14,8 @@ MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
 
 class Mistral(ToolParser):
+    KEEPS_SPECIAL_TOKENS = True
+
     def read(self, final: bool) -> Read:
         start = self.text.find(MARK)
         if start < 0:

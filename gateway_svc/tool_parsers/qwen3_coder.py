@@ -15,6 +15,8 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<paramete
 
 
 class Qwen3Coder(TaggedCalls):
+    KEEPS_SPECIAL_TOKENS = True
+
     def call(self, body: str) -> Call:
         found = _FUNCTION.search(body)
         if found is None:

@@ -48,27 +48,22 @@ def test_eos_ids_and_sampling_defaults_come_from_config_and_generation_config(
 
 
 @pytest.mark.parametrize("legacy", [False, True])
-def test_the_chat_template_is_read_where_transformers_saves_it(
-    legacy: bool, tmp_path: Path
-) -> None:
+def test_the_chat_template_is_read_where_transformers_puts_it(legacy: bool, tmp_path: Path) -> None:
     """transformers (4.43 on) saves it apart, in chat_template.jinja; older folders hold it in
     tokenizer_config.json."""
     import tokenizers
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=4).save_pretrained(tmp_path)  # fmt: skip
-    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG))
     words = tokenizers.models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(words))
-    tokenizer.chat_template = template
+    tokenizer.chat_template = template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     tokenizer.save_pretrained(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    assert "chat_template" not in json.loads(config.read_text())
     if legacy:
         (tmp_path / "chat_template.jinja").unlink()
-        saved = json.loads((tmp_path / "tokenizer_config.json").read_text())
-        saved["chat_template"] = template
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps(saved))
-    assert "chat_template" not in (tmp_path / "tokenizer_config.json").read_text() or legacy
+        config.write_text(json.dumps(json.loads(config.read_text()) | {"chat_template": template}))
     assert read_model_info(tmp_path).chat_template == template
 
 

@@ -114,6 +114,7 @@ class ModelInfo:
     sandwich_norms: bool = False  # attention's and the MLP's outputs normed before their residual
     embed_scale: float = 1.0
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
+    nope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3's)
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
     # Granite's: the attention's and the MLP's outputs scaled before their residual adds, and

@@ -9,7 +9,7 @@ from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
 FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "phi3", "qwen2",
-            "qwen3", "qwen3_moe")  # fmt: skip
+            "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
@@ -91,8 +91,14 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "local_rope_theta": float(local["rope_theta"]) if local else 0.0,
         "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
         "attn_logit_softcapping": float(config.get("attn_logit_softcapping") or 0.0),
+        "nope_layers": nope_layers(config),
         **mixture_of_experts(config),
     }
+
+
+def nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers[i]` is 1 where layer i rotates, 0 not."""
+    return tuple(i for i, rotates in enumerate(config.get("no_rope_layers") or ()) if not rotates)
 
 
 def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:

@@ -119,6 +119,9 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
                                             attention_multiplier=0.05, residual_multiplier=0.4,
                                             logits_scaling=1.5)  # fmt: skip
         model = transformers.GraniteForCausalLM(config)
+    elif family == "smollm3":  # the second layer without RoPE
+        config = transformers.SmolLM3Config(**SHAPE, no_rope_layers=[1, 0], pad_token_id=0)
+        model = transformers.SmolLM3ForCausalLM(config)
     else:  # Llama with each RoPE scaling
         shape = {**SHAPE, "max_position_embeddings": 96} if family == "dynamic" else SHAPE
         config = transformers.LlamaConfig(**shape, rope_theta=5e5, rope_scaling=SCALINGS[family])
@@ -150,7 +153,7 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize(
     "family",
     ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite", "mixtral", "qwen3_moe",
-     "llama3", "linear", "yarn", "dynamic"],
+     "smollm3", "llama3", "linear", "yarn", "dynamic"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

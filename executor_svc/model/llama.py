@@ -141,6 +141,8 @@ class LlamaModel:
         sandwich = info.sandwich_norms  # Gemma: the MLP's input norm has its own name
         mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
 
+        # Each layer's RoPE table: the model's, the sliding layers' own, the identity (no RoPE).
+        local, nope = bool(info.local_rope_theta), 1 + bool(info.local_rope_theta)
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
@@ -161,7 +163,7 @@ class LlamaModel:
                     mlp_out_norm=norm(prefix + "post_feedforward_layernorm.weight")
                     if sandwich
                     else None,
-                    rope=int(bool(info.local_rope_theta and info.window(i))),
+                    rope=nope if i in info.nope_layers else int(bool(local and info.window(i))),
                 )
             )
         # cos + i sin per position and frequency, complex64 whatever the model's dtype: the
@@ -170,6 +172,8 @@ class LlamaModel:
         if info.local_rope_theta:
             local = replace(info, rope_theta=info.local_rope_theta, rope_scaling=None)
             self.rotations.append(rope_rotations(local).to(device))
+        if info.nope_layers:  # their rotation is the identity
+            self.rotations.append(torch.ones_like(self.rotations[0]))
         self.scale = info.attention_scale or info.head_dim**-0.5
         self.softcap = info.attn_logit_softcapping
 

@@ -61,11 +61,11 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "chat_template": field("tokenizer.chat_template"),
         "rope_scaling": _rope_scaling(arch, field, tensors, path, header.little_endian),
-        "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+        "qk_norm": "head" if "blk.0.attn_q_norm.weight" in tensors else "",
         "layer_windows": _layer_windows(arch, field, layers),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
         "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
-        "sandwich_norms": gemma,
+        "norms": "sandwich" if gemma else "pre",
         "embed_scale": hidden**0.5 if gemma else float(field(f"{arch}.embedding_scale", 1.0)),
         "local_rope_theta": float(field(f"{arch}.rope.freq_base_swa", _LOCAL_ROPE_BASE))
         if arch == "gemma3"

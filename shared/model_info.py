@@ -105,13 +105,13 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation, where there are several
     # generation_config.json's sampling fields: defaults for requests that omit them
     sampling_defaults: dict[str, float] | None = None
-    qk_norm: bool = False  # each query and key head RMS-normed before RoPE (Qwen3, Gemma 3)
+    qk_norm: str = ""  # RMS-normed before RoPE: "head", each head (Qwen3, Gemma 3); "all" (OLMo 2)
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full; (): none slides
     # What sets Gemma 2 and 3 apart (`model_support.family_features`).
     hidden_act: str = "silu"
     attention_scale: float = 0.0  # 0: head_dim ** -0.5
     norm_offset: float = 0.0  # added to every RMSNorm weight
-    sandwich_norms: bool = False  # attention's and the MLP's outputs normed before their residual
+    norms: str = "pre"  # each block's input normed; "sandwich": its output too; "post": only that
     embed_scale: float = 1.0
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
     nope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3's)

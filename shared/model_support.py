@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "phi3", "qwen2",
-            "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
+FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "olmo2", "phi3",
+            "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
@@ -80,11 +80,12 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
     embed_scale = config["hidden_size"] ** 0.5 if gemma else config.get("embedding_multiplier", 1)
     return {
         "hidden_act": activation(config),
-        "qk_norm": family in QK_NORM_FAMILIES,
+        # OLMo 2 norms q and k each across all heads, and each block's output, not its input
+        "qk_norm": "head" if family in QK_NORM_FAMILIES else "all" if family == "olmo2" else "",
         "layer_windows": layer_windows(config),
         "attention_scale": config.get("attention_multiplier", scale),
         "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
-        "sandwich_norms": gemma,
+        "norms": "sandwich" if gemma else "post" if family == "olmo2" else "pre",
         "embed_scale": float(embed_scale),
         "residual_multiplier": config.get("residual_multiplier", 1.0),
         "logits_scaling": config.get("logits_scaling", 1.0),

@@ -12,6 +12,9 @@ class ShardingError(ValueError):
 
 def check_sharding(info: ModelInfo, size: int) -> None:
     """Refuse, by name, a model `size` ranks cannot split evenly."""
+    if info.qk_norm == "all" and size > 1:  # each rank would norm over its own heads only
+        raise ShardingError(f"--tensor-parallel-size {size}: q and k normed across all their "
+                            "heads (OLMo 2) are not split")  # fmt: skip
     if info.num_heads % size:
         raise ShardingError(
             f"--tensor-parallel-size {size} does not divide the {info.num_heads} query heads"

@@ -119,6 +119,9 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
                                             attention_multiplier=0.05, residual_multiplier=0.4,
                                             logits_scaling=1.5)  # fmt: skip
         model = transformers.GraniteForCausalLM(config)
+    elif family == "olmo2":  # each block's output normed, not its input; q and k across heads
+        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SHAPE, pad_token_id=0))
+        _randomize(p for n, p in model.named_parameters() if n.endswith("norm.weight"))
     elif family == "smollm3":  # the second layer without RoPE
         config = transformers.SmolLM3Config(**SHAPE, no_rope_layers=[1, 0], pad_token_id=0)
         model = transformers.SmolLM3ForCausalLM(config)
@@ -153,7 +156,7 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize(
     "family",
     ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite", "mixtral", "qwen3_moe",
-     "smollm3", "llama3", "linear", "yarn", "dynamic"],
+     "olmo2", "smollm3", "llama3", "linear", "yarn", "dynamic"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

@@ -152,6 +152,15 @@ def test_a_model_the_ranks_cannot_split_is_refused_naming_its_shape() -> None:
     assert "executor" not in started.stderr
 
 
+def test_olmo2s_norms_across_heads_are_refused_across_ranks() -> None:
+    from dataclasses import replace
+
+    info = replace(read_model_info(embedded_model_path()), qk_norm="all")
+    TensorParallel(0, 1).check(info)
+    with pytest.raises(ShardingError, match="normed across all their heads"):
+        TensorParallel(0, 3).check(info)
+
+
 def test_a_rank_started_with_other_num_blocks_is_refused_by_name(tmp_path: Path) -> None:
     """Real processes: a scheduler for two ranks, and two executors whose --num-blocks differ.
     Whichever registers second is refused, and says why."""

@@ -45,8 +45,9 @@ class NativeDecode:
     def supports(info: ModelInfo) -> bool:
         """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP,
         on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor experts, nor
-        Granite's scales, nor SmolLM3's layers without RoPE)."""
-        llama_layer = info.hidden_act == "silu" and not info.sandwich_norms and not info.num_experts
+        Granite's scales, nor SmolLM3's layers without RoPE, nor OLMo 2's norms)."""
+        llama_layer = info.hidden_act == "silu" and info.norms == "pre" and not info.num_experts
+        llama_layer &= info.qk_norm != "all"
         llama_layer &= not info.attention_scale and not info.local_rope_theta
         llama_layer &= not info.nope_layers
         llama_layer &= info.residual_multiplier == 1

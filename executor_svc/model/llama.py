@@ -118,9 +118,9 @@ class LlamaModel:
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:
                 return None
-            order = rotary_order(head_dim)
-            q, k = (weights[f"{attn}{p}_norm.weight"][order] for p in "qk")
-            rows = (q.expand(self.num_heads, -1), k.expand(self.num_kv_heads, -1))
+            order, heads = rotary_order(head_dim), {"q": self.num_heads, "k": self.num_kv_heads}
+            per_head = {p: weights[f"{attn}{p}_norm.weight"].view(-1, head_dim) for p in "qk"}
+            rows = [per_head[p][:, order].expand(heads[p], -1) for p in "qk"]
             weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset
             return weight.contiguous()
 
@@ -138,8 +138,9 @@ class LlamaModel:
                 "down": projection(take(prefix + "down_proj.weight", cols=inner), None),
             }
 
-        sandwich = info.sandwich_norms  # Gemma: the MLP's input norm has its own name
+        sandwich = info.norms == "sandwich"  # Gemma: the MLP's input norm has its own name
         mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
+        inputs, outputs = info.norms != "post", info.norms != "pre"  # which norms the blocks have
 
         # Each layer's RoPE table: the model's, the sliding layers' own, the identity (no RoPE).
         local, nope = bool(info.local_rope_theta), 1 + bool(info.local_rope_theta)
@@ -150,18 +151,18 @@ class LlamaModel:
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
-                    input_norm=norm(prefix + "input_layernorm.weight"),
+                    input_norm=norm(prefix + "input_layernorm.weight") if inputs else None,
                     qkv=projection(qkv(attn, "weight"), bias),
                     o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
-                    post_norm=norm(f"{prefix}{mlp_input_norm}.weight"),
+                    post_norm=norm(f"{prefix}{mlp_input_norm}.weight") if inputs else None,
                     **mlp(i, prefix + "mlp."),
                     qk_norm=qk_norm(attn),
                     window=info.window(i),
                     attn_out_norm=norm(prefix + "post_attention_layernorm.weight")
-                    if sandwich
+                    if outputs
                     else None,
                     mlp_out_norm=norm(prefix + "post_feedforward_layernorm.weight")
-                    if sandwich
+                    if outputs
                     else None,
                     rope=nope if i in info.nope_layers else int(bool(local and info.window(i))),
                 )
@@ -199,8 +200,22 @@ class LlamaModel:
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._rms_norm(hidden, self.norm)
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return (
+            x if weight is None else F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
+        )
+
+    def _qk_normed(self, qk: torch.Tensor) -> torch.Tensor:
+        """[tokens, heads + kv_heads, head_dim], each head normed; OLMo 2: q, then k, across
+        their heads."""
+        eps, head_dim = self.info.rms_norm_eps, self.info.head_dim
+        if self.info.qk_norm == "head":
+            return F.rms_norm(qk, (head_dim,), None, eps)
+        parts = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        flat = [
+            F.rms_norm(part.flatten(1), (part.shape[1] * head_dim,), None, eps) for part in parts
+        ]
+        return torch.cat(flat, dim=1).view_as(qk)
 
     def _rotate(self, x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
         """RoPE on heads whose dims are interleaved pairs (`interleave_rotary_halves`)."""
@@ -231,7 +246,7 @@ class LlamaModel:
                 .split((heads + kv_heads, kv_heads), dim=1)
             )
             if layer.qk_norm is not None:
-                qk = F.rms_norm(qk, (head_dim,), None, self.info.rms_norm_eps) * layer.qk_norm
+                qk = self._qk_normed(qk) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
             q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap)

@@ -115,10 +115,10 @@ class ModelInfo:
     embed_scale: float = 1.0
     local_rope_theta: float = 0.0  # sliding layers' own RoPE base, unscaled; 0: none
     nope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3's)
+    rotary_dim: int = 0  # the first dims of a head RoPE rotates (Phi-4-mini's 3/4); 0: all
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
-    # Granite's: the attention's and the MLP's outputs scaled before their residual adds, and
-    # the logits divided.
+    # Granite's: the blocks' outputs scaled before their residual adds, and the logits divided.
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
     # Mixture of experts (`model_support.mixture_of_experts`); 0 experts: a dense MLP.

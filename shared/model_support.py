@@ -93,8 +93,26 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "final_logit_softcapping": float(config.get("final_logit_softcapping") or 0.0),
         "attn_logit_softcapping": float(config.get("attn_logit_softcapping") or 0.0),
         "nope_layers": nope_layers(config),
+        "rotary_dim": rotary_dim(config),
         **mixture_of_experts(config),
     }
+
+
+def partial_rotary_factor(config: dict[str, Any]) -> float:
+    rope, _ = rope_parameters(config)
+    return float(
+        (rope or {}).get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
+    )
+
+
+def rotary_dim(config: dict[str, Any]) -> int:
+    """The dims of a head RoPE rotates, where it rotates its first ones only (Phi-4-mini's 3/4,
+    as transformers counts them); 0: all."""
+    factor = partial_rotary_factor(config)
+    if factor == 1:
+        return 0
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return int(head_dim * factor)
 
 
 def nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
@@ -166,9 +184,9 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
                 "sliding layers' RoPE: default only")  # fmt: skip
     if config.get("use_bidirectional_attention"):
         _refuse(source, "use_bidirectional_attention", True, "not implemented")
-    partial = (rope or {}).get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
-    if float(partial) != 1:
-        _refuse(source, "partial_rotary_factor", partial, "RoPE on part of a head: not implemented")
+    if rotary_dim(config) % 2:
+        _refuse(source, "partial_rotary_factor", partial_rotary_factor(config),
+                "RoPE on an odd number of a head's dims")  # fmt: skip
     for kind in config.get("layer_types") or ():
         if kind not in LAYER_TYPES:
             _refuse(source, "layer_types", kind, f"supported: {', '.join(LAYER_TYPES)}")

@@ -72,6 +72,13 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
     elif family == "mistral":  # every layer slides over 24 tokens
         config = transformers.MistralConfig(**SHAPE, sliding_window=24)
         model = transformers.MistralForCausalLM(config)
+    elif family == "phi4mini":  # Phi-4-mini: RoPE (longrope) on the first 3/4 of each head
+        scaling = {**LONGROPE, "short_factor": LONGROPE["short_factor"][:12],
+                   "long_factor": LONGROPE["long_factor"][:12], "partial_rotary_factor": 0.75}
+        config = transformers.Phi3Config(**SHAPE, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                         rope_scaling=scaling,
+                                         original_max_position_embeddings=256)  # fmt: skip
+        model = transformers.Phi3ForCausalLM(config)
     elif family == "phi3":  # fused qkv and gate_up; longrope (short factors here); a window
         config = transformers.Phi3Config(**SHAPE, pad_token_id=0, bos_token_id=1,
                                          eos_token_id=2, rope_scaling=LONGROPE,
@@ -156,7 +163,7 @@ def _requests(logprobs: int | None = TOP) -> list[AddRequest]:
 @pytest.mark.parametrize(
     "family",
     ["qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "granite", "mixtral", "qwen3_moe",
-     "olmo2", "smollm3", "llama3", "linear", "yarn", "dynamic"],
+     "olmo2", "smollm3", "phi4mini", "llama3", "linear", "yarn", "dynamic"],
 )  # fmt: skip
 def test_a_family_checkpoint_generates_what_transformers_generates(
     family: str, backend: str, tmp_path: Path

@@ -174,7 +174,7 @@ BASE_CONFIG = {
          "rope_parameters.sliding_attention.rope_type"),
         ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "rope_scaling.rope_type"),
         ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_scaling.rope_type"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"partial_rotary_factor": 0.3125}, "partial_rotary_factor"),  # 5 of 16 dims: odd
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
          "rope_scaling.original_max_position_embeddings"),
         ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),

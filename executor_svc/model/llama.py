@@ -94,8 +94,10 @@ class LlamaModel:
 
         def qkv(attn: str, kind: str) -> Weight:
             q, k, v = (weights[f"{attn}{p}_proj.{kind}"] for p in "qkv")
-            q = interleave_rotary_halves(q, info.num_heads, head_dim)[heads(queries)]
-            k = interleave_rotary_halves(k, info.num_kv_heads, head_dim)[heads(kv)]
+            q = interleave_rotary_halves(q, info.num_heads, head_dim, info.rotary_dim)[
+                heads(queries)
+            ]
+            k = interleave_rotary_halves(k, info.num_kv_heads, head_dim, info.rotary_dim)[heads(kv)]
             stacked = stack_rows([q, k, v[heads(kv)]], dtype)
             if isinstance(stacked, QuantizedWeight | StackedWeight):
                 return stacked
@@ -118,7 +120,8 @@ class LlamaModel:
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:
                 return None
-            order, heads = rotary_order(head_dim), {"q": self.num_heads, "k": self.num_kv_heads}
+            order = rotary_order(head_dim, info.rotary_dim)
+            heads = {"q": self.num_heads, "k": self.num_kv_heads}
             per_head = {p: weights[f"{attn}{p}_norm.weight"].view(-1, head_dim) for p in "qk"}
             rows = [per_head[p][:, order].expand(heads[p], -1) for p in "qk"]
             weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset

@@ -100,7 +100,7 @@ def _fused(
             continue
         b = part["B"] * scaling
         if module in heads:
-            b = interleave_rotary_halves(b, heads[module], info.head_dim)  # type: ignore[assignment]
+            b = interleave_rotary_halves(b, heads[module], info.head_dim, info.rotary_dim)  # type: ignore[assignment]
         a_rows.append(part["A"])
         b_blocks.append(b)
     return torch.cat(a_rows), torch.block_diag(*b_blocks)

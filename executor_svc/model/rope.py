@@ -23,7 +23,16 @@ T = TypeVar("T")
 def rope_rotations(info: ModelInfo) -> torch.Tensor:
     """[max_model_len, head_dim / 2] complex64: position p's rotation of frequency i, scaled
     by the attention factor (yarn's; 1 otherwise), which multiplies both q and k as in
-    transformers."""
+    transformers; where RoPE rotates a head's first `rotary_dim` dims only, the identity for
+    the pairs of the others."""
+    rotations = _rotary_rotations(info)
+    unrotated = info.head_dim // 2 - rotations.shape[1]
+    if unrotated:
+        rotations = torch.cat([rotations, rotations.new_ones(len(rotations), unrotated)], dim=1)
+    return rotations
+
+
+def _rotary_rotations(info: ModelInfo) -> torch.Tensor:
     positions = torch.arange(info.max_model_len, dtype=torch.float32)
     if rope_type(info.rope_scaling) == "dynamic":
         angles, factor = _dynamic_ntk_angles(info, positions), 1.0
@@ -51,7 +60,7 @@ def _dynamic_ntk_angles(info: ModelInfo, positions: torch.Tensor) -> torch.Tenso
     batched."""
     scaling = info.rope_scaling or {}
     original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
-    dim = info.head_dim
+    dim = info.rotary_dim or info.head_dim
     tokens = (positions + 1).clamp(min=original)
     base = info.rope_theta * ((factor * tokens / original) - (factor - 1)) ** (dim / (dim - 2))
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
@@ -61,8 +70,9 @@ def _dynamic_ntk_angles(info: ModelInfo, positions: torch.Tensor) -> torch.Tenso
 
 def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     kind = rope_type(info.rope_scaling)
+    dim = info.rotary_dim or info.head_dim
     if kind in ("default", FREQUENCY_FACTORS):
-        exponents = torch.arange(0, info.head_dim, 2, dtype=torch.float64) / info.head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
         inv_freq = 1.0 / (info.rope_theta**exponents)
         if kind == FREQUENCY_FACTORS:  # a GGUF file's Llama 3.1 scaling
             inv_freq /= torch.tensor(info.rope_scaling["factors"], dtype=torch.float64)
@@ -76,21 +86,25 @@ def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Ten
         head_dim=info.head_dim,
         max_position_embeddings=info.max_model_len,
         rope_parameters={**(info.rope_scaling or {}), "rope_type": kind,
-                         "rope_theta": info.rope_theta},
+                         "rope_theta": info.rope_theta,
+                         "partial_rotary_factor": dim / info.head_dim},
     )  # fmt: skip
     inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len)
     return inv_freq, float(factor)
 
 
-def interleave_rotary_halves(weight: T, heads: int, head_dim: int) -> T:
-    """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...).
+def interleave_rotary_halves(weight: T, heads: int, head_dim: int, rotary: int = 0) -> T:
+    """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...),
+    d the `rotary` first dims (0: all; the others stay in place).
 
     RoPE rotates dims i and i + d/2 together; side by side they are one complex number, so one
     complex multiply rotates a whole head. Q and K are permuted alike, which leaves every q.k,
     and so attention, unchanged; V is not touched. `weight`: anything indexed by rows."""
-    rows = torch.arange(heads * head_dim).view(heads, head_dim)[:, rotary_order(head_dim)]
+    rows = torch.arange(heads * head_dim).view(heads, head_dim)[:, rotary_order(head_dim, rotary)]
     return weight[rows.flatten()]  # type: ignore[index]
 
 
-def rotary_order(head_dim: int) -> torch.Tensor:
-    return torch.arange(head_dim).view(2, -1).t().reshape(-1)
+def rotary_order(head_dim: int, rotary: int = 0) -> torch.Tensor:
+    rotary = rotary or head_dim
+    pairs = torch.arange(rotary).view(2, -1).t().reshape(-1)
+    return torch.cat([pairs, torch.arange(rotary, head_dim)])

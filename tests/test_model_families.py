@@ -73,8 +73,12 @@ def _checkpoint(family: str, dense_layers: tuple[int, ...] = (1,)) -> Any:
         config = transformers.MistralConfig(**SHAPE, sliding_window=24)
         model = transformers.MistralForCausalLM(config)
     elif family == "phi4mini":  # Phi-4-mini: RoPE (longrope) on the first 3/4 of each head
-        scaling = {**LONGROPE, "short_factor": LONGROPE["short_factor"][:12],
-                   "long_factor": LONGROPE["long_factor"][:12], "partial_rotary_factor": 0.75}
+        scaling = {
+            **LONGROPE,
+            "short_factor": LONGROPE["short_factor"][:12],
+            "long_factor": LONGROPE["long_factor"][:12],
+            "partial_rotary_factor": 0.75,
+        }
         config = transformers.Phi3Config(**SHAPE, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                          rope_scaling=scaling,
                                          original_max_position_embeddings=256)  # fmt: skip

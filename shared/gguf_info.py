@@ -62,6 +62,7 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "chat_template": field("tokenizer.chat_template"),
         "rope_scaling": _rope_scaling(arch, field, tensors, path, header.little_endian),
         "qk_norm": "head" if "blk.0.attn_q_norm.weight" in tensors else "",
+        "rotary_dim": _rotary_dim(field(f"{arch}.rope.dimension_count"), head_dim),
         "layer_windows": _layer_windows(arch, field, layers),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
         "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
@@ -77,6 +78,11 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         **_experts(arch, field, layers, tensors),
         **gguf_pooling(arch, field),
     }
+
+
+def _rotary_dim(rotated: int | None, head_dim: int) -> int:
+    """The dims of a head RoPE rotates where it rotates part of it (Phi-4-mini's); 0: all."""
+    return 0 if rotated is None or rotated == head_dim else int(rotated)
 
 
 def _rope_scaling(

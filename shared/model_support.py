@@ -224,9 +224,11 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         return
     heads = field(f"{arch}.attention.head_count")
     head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
-    if rotated != head_dim:
+    # llama.cpp's converter permutes a whole head's q and k rows for these two
+    if rotated != head_dim and (arch in ("llama", "granite") or rotated % 2):
         _refuse(source, f"{arch}.rope.dimension_count", rotated,
-                f"RoPE on part of a head ({head_dim} dims): not implemented")  # fmt: skip
+                f"RoPE on part of a head ({head_dim} dims) of a llama or granite file, or on "
+                "an odd number of dims: not implemented")  # fmt: skip
 
 
 def _refuse(source: str, field: str, value: object, why: str) -> None:

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-from turnstile.shared.model_support import layer_windows, rope_parameters
+from turnstile.shared.model_support import layer_windows, rope_parameters, rotary_dim
 
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -123,7 +123,7 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(config.get("head_dim") or hidden // heads)
     writer.add_value_length(config.get("head_dim") or hidden // heads)
-    writer.add_rope_dimension_count(config.get("head_dim") or hidden // heads)
+    writer.add_rope_dimension_count(rotary_dim(config) or config.get("head_dim") or hidden // heads)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_bos_token_id(config.get("bos_token_id") or 1)

@@ -29,8 +29,8 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # Mistral and Mixtral are llama.cpp's "llama" architecture; Qwen3-MoE with experts on every
 # layer, as llama.cpp's qwen3moe has them.
-FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
-            "granite", "mixtral", "qwen3_moe"]  # fmt: skip
+FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "phi4mini", "gemma2",
+            "gemma3", "granite", "mixtral", "qwen3_moe"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -62,7 +62,8 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
         ),
         ("qwen3moe", "qwen3moe.expert_shared_count", 1, "qwen3moe.expert_shared_count = 1"),
         ("llama", "llama.expert_gating_func", 2, "llama.expert_gating_func = 2"),
-        ("phi3", "phi3.rope.dimension_count", 6, "phi3.rope.dimension_count = 6"),
+        ("phi3", "phi3.rope.dimension_count", 5, "phi3.rope.dimension_count = 5"),
+        ("llama", "llama.rope.dimension_count", 6, "llama.rope.dimension_count = 6"),
     ],
 )
 def test_a_gguf_file_asking_for_what_is_not_read_is_refused_by_name(

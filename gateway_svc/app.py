@@ -24,6 +24,7 @@ from turnstile.gateway_svc.generation import Choice, Generation
 from turnstile.gateway_svc.openai_api import (
     Request,
     check_capacity,
+    check_logprobs,
     check_prompt_size,
     engine_request,
     hidden_token_ids,
@@ -96,8 +97,10 @@ class Gateway:
         log_requests: bool = False,
         think: ThinkTokens | None = None,
         force_usage: bool = False,
+        max_logprobs: int = 20,
     ) -> None:
         self.engine = engine
+        self.max_logprobs = max_logprobs  # --max-logprobs, the vocabulary's size for -1
         self.force_usage = force_usage  # every stream ends with its usage
         self.think = think  # --reasoning-parser's markers: a chat's thinking told apart
         self.log_requests = log_requests  # a line each request as it ends
@@ -266,7 +269,8 @@ class Gateway:
         end = -1 if think is None else think.end
         messages = [engine_request(request, ids, *limits, grammar, end, lora) for ids in prompts]
         n = request.n or 1
-        beams = beam_search_of(request, self.tokenizer.info.all_eos_token_ids)
+        check_logprobs(request, self.max_logprobs)
+        beams = beam_search_of(request, self.tokenizer.info.all_eos_token_ids, self.max_logprobs)
         for ids, message in zip(prompts, messages, strict=True):
             check_capacity(self.engine.status, self.block_size, len(ids), message.max_tokens, n)
         if not self.engine.ready:

@@ -18,7 +18,6 @@ from turnstile.gateway_svc.engine_client import End, EngineClient, Token
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.shared.protocol import AddRequest, pack_ids, unpack_ids
 
-MAX_WIDTH = 10  # 2 x width logprobs a step, and an engine request brings at most 20
 # Fields a beam search does not use: refused with it unless left out (temperature: or 0).
 NOT_WITH_BEAMS = (
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -75,9 +74,9 @@ class BeamSearch:
         return beam.logprob / max(length, 1) ** self.length_penalty
 
 
-def beam_search_of(request: Any, eos_ids: tuple[int, ...]) -> BeamSearch | None:
-    """A completions or chat request's beam search (None: it samples), its width `n`; what it
-    cannot honour refused by name."""
+def beam_search_of(request: Any, eos_ids: tuple[int, ...], max_logprobs: int) -> BeamSearch | None:
+    """A completions or chat request's beam search (None: it samples), its width `n` (at most
+    half `max_logprobs`: a step brings 2n); what it cannot honour refused by name."""
     if not request.use_beam_search:
         if request.length_penalty != 1.0:
             raise ApiError(400, "length_penalty needs use_beam_search", param="length_penalty")
@@ -89,8 +88,9 @@ def beam_search_of(request: Any, eos_ids: tuple[int, ...]) -> BeamSearch | None:
             raise ApiError(400, f"{name} is not supported with use_beam_search (the beams rank "
                            "the model's own logprobs)", param=name)  # fmt: skip
     width = request.n or 1
-    if width > MAX_WIDTH:
-        raise ApiError(400, f"n, the beam width, is at most {MAX_WIDTH}", param="n")
+    if 2 * width > max_logprobs:
+        raise ApiError(400, f"n, the beam width, is at most {max_logprobs // 2} (a step asks "
+                       "for 2n logprobs; the server's --max-logprobs)", param="n")  # fmt: skip
     eos = frozenset() if request.ignore_eos else frozenset(eos_ids)
     return BeamSearch(width, eos, request.length_penalty)
 

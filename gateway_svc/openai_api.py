@@ -205,6 +205,15 @@ def engine_request(
     )
 
 
+def check_logprobs(request: Request, limit: int) -> None:
+    """Each count of top logprobs at most the server's `--max-logprobs`, as vLLM refuses more."""
+    for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
+        value = getattr(request, name, None)
+        if type(value) is int and value > limit:
+            raise ApiError(400, f"{name} must be at most {limit} (the server's --max-logprobs)",
+                           param=name)  # fmt: skip
+
+
 def check_capacity(
     status: SchedulerStatus | None, size: int, prompt: int, max_tokens: int, n: int
 ) -> None:

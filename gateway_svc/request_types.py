@@ -18,7 +18,7 @@ PRIORITY_LIMIT = 1 << 20  # the scheduler packs (priority, arrival) into one int
 
 TokenCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-Logprobs = Annotated[int, Meta(ge=0, le=20)]
+Logprobs = Annotated[int, Meta(ge=0)]  # at most the server's --max-logprobs (`openai_api.py`)
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 RequestId = Annotated[str, Meta(pattern=r"^[!-~]{1,256}$")]  # printable: a header's value too
 # Accepted, not used: hints for OpenAI's own billing, storage and abuse tracking.

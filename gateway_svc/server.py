@@ -77,6 +77,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.enable_log_requests,
         ThinkTokens.of(tokenizer, parser) if parser else None,
         settings.enable_force_include_usage,
+        info.vocab_size if config.engine.max_logprobs < 0 else config.engine.max_logprobs,
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

@@ -82,8 +82,9 @@ class RequestLifecycle:
         if msg.req_id in self.requests:
             raise ValueError(f"request id {msg.req_id} is already in use")
         req = Request.from_message(
-            msg, self._arrivals, cfg.max_model_len, self.vocab_size, cfg.enable_lora
-        )
+            msg, self._arrivals, cfg.max_model_len, self.vocab_size, cfg.enable_lora,
+            cfg.max_logprobs,
+        )  # fmt: skip
         if req.priority and not self.by_priority:
             raise ValueError("priority needs the priority policy (serve with --policy priority)")
         if not 0 < req.num_prompt_tokens < cfg.max_model_len:

@@ -14,7 +14,7 @@ from turnstile.shared.protocol import AddRequest, LoraRef, SamplingParams, const
 # Preemption and queue order key: (priority, arrival) packed in one int64, lower runs first.
 _ARRIVAL_BITS = 40
 _PRIORITY_LIMIT = 1 << 20
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 class Status(enum.Enum):
@@ -52,11 +52,12 @@ class Request:
     @classmethod
     def from_message(
         cls, msg: AddRequest, arrival: int, max_model_len: int, vocab_size: int,
-        enable_lora: bool = False,
+        enable_lora: bool = False, max_logprobs: int = MAX_LOGPROBS,
     ) -> Request:  # fmt: skip
         """Raises ValueError, naming the field, for anything the executor could not run."""
         prompt = unpack_ids(msg.prompt_ids).copy()
         _check(msg, prompt, vocab_size)
+        _check_logprobs(msg.sampling, vocab_size if max_logprobs < 0 else max_logprobs)
         if msg.lora is not None and not enable_lora:
             raise ValueError(f"lora {msg.lora.name}: the executors run no LoRA adapters")
         return cls(
@@ -104,9 +105,14 @@ def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:
         raise ValueError("top_k must be >= 0 (0: no limit)")
     if sampling.seed is not None and not -(2**63) <= sampling.seed < 2**64:
         raise ValueError("seed must fit in 64 bits")
-    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_LOGPROBS:
-        raise ValueError(f"logprobs must lie in [0, {MAX_LOGPROBS}]")
     _check_adjustments(sampling, vocab_size)
+
+
+def _check_logprobs(sampling: SamplingParams, limit: int) -> None:
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(sampling, name)
+        if value is not None and not 0 <= value <= limit:
+            raise ValueError(f"{name} must lie in [0, {limit}] (--max-logprobs)")
 
 
 def _check_adjustments(sampling: SamplingParams, vocab_size: int) -> None:

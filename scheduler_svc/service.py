@@ -217,6 +217,7 @@ class SchedulerService:
                     scheduling=self.config.scheduling,
                     sliding_window=self.model.kv_window,
                     max_loras=hello.max_loras,
+                    max_logprobs=engine.max_logprobs,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,

@@ -34,6 +34,11 @@ class EngineConfig:
     tensor_parallel_size: int = setting(
         1, "executor ranks that split each layer of the model between them (torch.distributed)"
     )
+    max_logprobs: int = setting(
+        20,
+        "the most top logprobs a request may ask for a token or a prompt token; -1: the "
+        "vocabulary's size (vLLM's flag)",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.tensor_parallel_size <= 0:
@@ -42,6 +47,8 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("--max-model-len must be positive")
+        if self.max_logprobs < -1:
+            raise ValueError("--max-logprobs must be -1 (the vocabulary) or at least 0")
 
     @property
     def model_path(self) -> Path:
@@ -129,6 +136,7 @@ class SchedulerConfig:
     # The LoRA adapters one step may run (the executors' `--max-loras`); 0: a request may name
     # none.
     max_loras: int = 0
+    max_logprobs: int = 20  # the engine's `--max-logprobs`; -1: the vocabulary's size
 
     @property
     def enable_lora(self) -> bool:

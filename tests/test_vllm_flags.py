@@ -1,8 +1,8 @@
 """vLLM's serve flags where a deployment passes them: `--scheduling-policy` (our `--policy`),
-`--default-chat-template-kwargs`, `--enable-force-include-usage`, `--override-generation-config`
-(the sampling itself: test_choices_and_endpoints.py), and a tool request decoded keeping
-special tokens as vLLM's hermes parser has it, on a running stack through the official client;
-what the flags do not take is refused at start by name."""
+`--default-chat-template-kwargs`, `--enable-force-include-usage`, `--max-logprobs`,
+`--override-generation-config` (the sampling itself: test_choices_and_endpoints.py), and a tool
+request decoded keeping special tokens as vLLM's hermes parser has it, on a running stack
+through the official client; what the flags do not take is refused at start by name."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     flags = ["--scheduling-policy", "priority", "--chat-template", str(template),
              "--default-chat-template-kwargs", json.dumps({"greeting": "Ahoy"}),
              "--enable-force-include-usage", "--num-blocks", "128",
-             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
+             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+             "--max-logprobs", "30"]  # fmt: skip
     with launched_server(*flags) as running:
         yield running
 
@@ -72,6 +73,24 @@ def test_a_tool_request_keeps_special_tokens_as_vllms_hermes_parser_has_it(
     assert client.chat.completions.create(**args).choices[0].message.content == ""
 
 
+def test_max_logprobs_bounds_every_logprobs_count_and_the_beam_width(
+    client: openai.OpenAI,
+) -> None:
+    """30 here (vLLM's default, 20, elsewhere): 25 top logprobs come; 31 are refused by name,
+    as 16 beams are (a step asks for 2n)."""
+    answer = client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logprobs=25)
+    assert len(answer.choices[0].logprobs.top_logprobs[0]) == 25
+    refusals = (({"logprobs": 31}, "logprobs"), ({"prompt_logprobs": 31}, "prompt_logprobs"),
+                ({"use_beam_search": True, "n": 16}, "n"))  # fmt: skip
+    for fields, param in refusals:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, extra_body=fields)
+        assert refused.value.body["param"] == param
+    beams = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=15,
+                                      extra_body={"use_beam_search": True})  # fmt: skip
+    assert len(beams.choices) == 15
+
+
 def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None:
     """A priority is refused under the default fcfs (test_request_fields.py); here it runs."""
     answer = client.completions.create(
@@ -87,6 +106,7 @@ def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None
         (["--override-generation-config", '{"temperature": 9}'], "Expected `float` <= 2"),
         (["--default-chat-template-kwargs", "{not json"], "is not a JSON object"),
         (["--scheduling-policy", "lifo"], "invalid choice: 'lifo'"),
+        (["--max-logprobs", "-2"], "--max-logprobs must be -1"),
     ],
 )
 def test_a_value_these_flags_do_not_take_is_refused_before_anything_starts(

@@ -60,6 +60,7 @@ class OfflineEngine:
                 scheduling=scheduling,
                 sliding_window=self.runner.info.kv_window,
                 max_loras=self.runner.max_loras,
+                max_logprobs=runner_config.engine.max_logprobs,
             ),
             eos_token_ids=self.runner.info.all_eos_token_ids,
             vocab_size=self.runner.info.vocab_size,

@@ -93,7 +93,10 @@ class ModelRunner:
         self._in_flight: list[StepInFlight] = []  # launched, oldest first, not yet settled
         self._mask_staging = Staging(self.device)  # the grammars' masks, once the step runs
         # Unseeded rows draw keys from this generator: every rank seeds it alike.
-        self._rng = np.random.default_rng(self.tp.shared_seed(self.device))
+        seed = executor.seed  # --seed: the same on every rank
+        self._rng = np.random.default_rng(
+            self.tp.shared_seed(self.device) if seed is None else seed
+        )
         self.load_seconds = time.perf_counter() - started
         log.info(
             "model ready in %.1f s on the %s backend%s, %d KV blocks",

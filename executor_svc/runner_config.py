@@ -54,6 +54,11 @@ class ExecutorConfig:
         "AMX-INT8",
     )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
+    seed: int | None = setting(
+        None,
+        "where requests without a seed draw from: the same draws for the same requests in "
+        "the same order (vLLM's flag); none: fresh at each start",
+    )
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")
     rank: int = setting(0, "this executor's rank among --tensor-parallel-size ranks")

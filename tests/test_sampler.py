@@ -127,3 +127,23 @@ def test_a_race_draws_each_token_as_often_as_its_probability(race: Race) -> None
     # Within four standard errors (at most 0.0025 here) of each probability; never token 4.
     torch.testing.assert_close(frequency, probs[0], atol=0.01, rtol=0)
     assert frequency[4] == 0
+
+
+@pytest.mark.slow  # loads the embedded model, twice for each setting
+def test_the_engines_seed_makes_unseeded_requests_draw_alike_across_starts() -> None:
+    """vLLM's `--seed`: the same unseeded requests, in the same order, draw the same tokens at
+    every start; without it, each start draws afresh."""
+    from conftest import fixed_length_requests
+
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.settings import build
+
+    def draws(seed: int | None) -> list[list[int]]:
+        engine = OfflineEngine(build(RunnerConfig, seed=seed, num_blocks=64))
+        prompts = [[1, 2, 3, 4], [5, 6, 7]]
+        requests = fixed_length_requests(prompts, SamplingParams(temperature=1.0), 16)
+        return [result.token_ids for result in engine.generate(requests)]
+
+    assert draws(7) == draws(7) != draws(8)
+    assert draws(None) != draws(None)

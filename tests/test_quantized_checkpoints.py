@@ -149,7 +149,7 @@ FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
 @pytest.mark.parametrize(
     ("quant", "field"),
     [
-        ({"quant_method": "bitsandbytes"}, "quant_method"),
+        ({"quant_method": "modelopt"}, "quant_method"),
         ({**GPTQ, "bits": 3}, "bits"),
         ({**GPTQ, "sym": False}, "sym"),
         ({**GPTQ, "checkpoint_format": "gptq_v2"}, "checkpoint_format"),

@@ -39,6 +39,11 @@ class EngineConfig:
         "the most top logprobs a request may ask for a token or a prompt token; -1: the "
         "vocabulary's size (vLLM's flag)",
     )
+    trust_remote_code: bool = setting(
+        False,
+        "accepted as vLLM's command lines pass it: no model's own code ever runs here (a model "
+        "that needs it is refused by its model_type)",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.tensor_parallel_size <= 0:
@@ -79,6 +84,11 @@ class SchedulingConfig:
         "fcfs", "which waiting request starts first", alias="scheduling-policy"
     )
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
+    enable_chunked_prefill: bool = setting(
+        True,
+        "prompts computed in chunks that fit --max-num-batched-tokens, always (vLLM's flag; "
+        "--no-enable-chunked-prefill is refused)",
+    )
     static_batching: StaticBatching | None = setting(
         None,
         "baseline for benchmarks: admit a new batch only when the last one is done; padded: "
@@ -100,6 +110,8 @@ class SchedulingConfig:
     )
 
     def __post_init__(self) -> None:
+        if not self.enable_chunked_prefill:
+            raise ValueError("--no-enable-chunked-prefill: prompts are always computed in chunks")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {self.policy!r}")
         if self.static_batching not in (None, "padded", "compact"):

@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
              "--default-chat-template-kwargs", json.dumps({"greeting": "Ahoy"}),
              "--enable-force-include-usage", "--num-blocks", "128",
              "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-             "--max-logprobs", "30"]  # fmt: skip
+             "--max-logprobs", "30", "--trust-remote-code", "--enable-chunked-prefill"]  # fmt: skip
     with launched_server(*flags) as running:
         yield running
 
@@ -107,6 +107,7 @@ def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None
         (["--default-chat-template-kwargs", "{not json"], "is not a JSON object"),
         (["--scheduling-policy", "lifo"], "invalid choice: 'lifo'"),
         (["--max-logprobs", "-2"], "--max-logprobs must be -1"),
+        (["--no-enable-chunked-prefill"], "prompts are always computed in chunks"),
     ],
 )
 def test_a_value_these_flags_do_not_take_is_refused_before_anything_starts(

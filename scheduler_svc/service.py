@@ -206,14 +206,13 @@ class SchedulerService:
             self.lost_since = None
             self._send_status()
         elif self.scheduler is None and self.link.complete:
+            context = engine.max_model_len or self.model.max_model_len
             self.scheduler = Scheduler(
                 SchedulerConfig(
                     num_blocks=hello.num_blocks,
                     block_size=engine.block_size,
                     max_num_seqs=engine.max_num_seqs,
-                    max_model_len=min(
-                        engine.max_model_len or self.model.max_model_len, hello.max_model_len
-                    ),
+                    max_model_len=min(context, hello.max_model_len),
                     scheduling=self.config.scheduling,
                     sliding_window=self.model.kv_window,
                     max_loras=hello.max_loras,

@@ -61,12 +61,14 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "chat_template": field("tokenizer.chat_template"),
         "rope_scaling": _rope_scaling(arch, field, tensors, path, header.little_endian),
-        "qk_norm": "head" if "blk.0.attn_q_norm.weight" in tensors else "",
+        "qk_norm": ("all" if arch == "olmo2" else "head")
+        if "blk.0.attn_q_norm.weight" in tensors
+        else "",
         "rotary_dim": _rotary_dim(field(f"{arch}.rope.dimension_count"), head_dim),
         "layer_windows": _layer_windows(arch, field, layers),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
         "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
-        "norms": "sandwich" if gemma else "pre",
+        "norms": "sandwich" if gemma else "post" if arch == "olmo2" else "pre",
         "embed_scale": hidden**0.5 if gemma else float(field(f"{arch}.embedding_scale", 1.0)),
         "local_rope_theta": float(field(f"{arch}.rope.freq_base_swa", _LOCAL_ROPE_BASE))
         if arch == "gemma3"

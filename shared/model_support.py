@@ -19,7 +19,8 @@ MAX_WINDOW_LAYERS_FAMILIES = ("qwen2", "qwen3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
 # checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
-GGUF_ARCHITECTURES = ("gemma2", "gemma3", "granite", "llama", "phi3", "qwen2", "qwen3", "qwen3moe")
+GGUF_ARCHITECTURES = ("gemma2", "gemma3", "granite", "llama", "olmo2", "phi3", "qwen2", "qwen3",
+                      "qwen3moe")  # fmt: skip
 SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX: routed as transformers routes
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.

@@ -24,7 +24,7 @@ from turnstile.shared.model_support import layer_windows, rope_parameters, rotar
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
-    "granite": "granite",
+    "granite": "granite", "olmo2": "olmo2",
 }  # fmt: skip
 _PERMUTED = ("llama", "granite")  # q and k rows in llama.cpp's rotary order
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")

@@ -30,7 +30,7 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 # Mistral and Mixtral are llama.cpp's "llama" architecture; Qwen3-MoE with experts on every
 # layer, as llama.cpp's qwen3moe has them.
 FAMILIES = ["linear", "llama3", "yarn", "mistral", "qwen2", "qwen3", "phi3", "phi4mini", "gemma2",
-            "gemma3", "granite", "mixtral", "qwen3_moe"]  # fmt: skip
+            "gemma3", "granite", "mixtral", "qwen3_moe", "olmo2"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -46,7 +46,7 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
 @pytest.mark.parametrize(
     ("arch", "key", "value", "named"),
     [
-        ("olmo2", None, None, "general.architecture = 'olmo2'"),
+        ("olmoe", None, None, "general.architecture = 'olmoe'"),
         ("llama", "llama.rope.scaling.type", "longrope", "llama.rope.scaling.type = 'longrope'"),
         (
             "llama",

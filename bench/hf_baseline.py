@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_model
 
 from turnstile.executor_svc.cpu_runtime import native_bf16_matmul
-from turnstile.shared.model_info import derived_path
+from turnstile.shared.derived_files import derived_path
 
 log = logging.getLogger(__name__)
 

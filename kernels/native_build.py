@@ -12,7 +12,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from turnstile.shared.model_info import cache_dir
+from turnstile.shared.derived_files import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
-from turnstile.shared.model_info import ModelInfo, derived_path, write_atomically
+from turnstile.shared.derived_files import derived_path, write_atomically
+from turnstile.shared.model_info import ModelInfo
 
 
 def _load_backend(model: Path) -> tokenizers.Tokenizer:

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from turnstile.executor_svc.model.rope import rope_rotations
-from turnstile.shared.model_info import (
-    derived_path,
-    embedded_model_path,
-    read_model_info,
-    write_atomically,
-    write_derived,
-)
+from turnstile.shared.derived_files import derived_path, write_atomically, write_derived
+from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.tokenizer import Tokenizer
 
 

@@ -26,7 +26,8 @@ from turnstile.kernels.bitsandbytes_weights import dequantized as bitsandbytes_d
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq, int8_codes
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
-from turnstile.shared.model_info import ModelInfo, derived_path, write_derived
+from turnstile.shared.derived_files import derived_path, write_derived
+from turnstile.shared.model_info import ModelInfo
 
 Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 

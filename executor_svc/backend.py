@@ -16,7 +16,8 @@ import torch
 
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
-from turnstile.executor_svc.model.llama import LlamaModel, Weight
+from turnstile.executor_svc.model.layer_weights import Weight
+from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
 from turnstile.executor_svc.plan_applier import StepInputs

@@ -28,10 +28,11 @@ _ATTENTION_SCALARS = {
 
 def _sources(dtype: str) -> dict[str, ASTSource]:
     data = f"*{dtype}"
-    # Gemma 2's soft cap in the bf16 builds (its dtype), none in the fp32 ones: both branches.
+    # Gemma 2's soft cap and gpt-oss's sinks in the bf16 builds (their dtype), none in the fp32
+    # ones: both branches.
     shape = {"GROUP": 3, "BLOCK_SIZE": 16, "HEAD_DIM": 64, "DIM_PAD": 64,
-             "SOFTCAP": 50.0 if dtype == "bf16" else 0.0}  # fmt: skip
-    attention = {"out": data, "query": data, "k_cache": data, "v_cache": data}
+             "SOFTCAP": 50.0 if dtype == "bf16" else 0.0, "SINKS": dtype == "bf16"}  # fmt: skip
+    attention = {"out": data, "query": data, "k_cache": data, "v_cache": data, "sinks": "*fp32"}
     tables = {"block_tables": "*i64", "seq_lens": "*i64"}
     return {
         "write_kv": ASTSource(

@@ -81,6 +81,7 @@ _SIGNATURES = {
         _FLOAT,
         _LONG,
         _FLOAT,
+        _PTR,  # each head's sink, or NULL
         _LONG,  # the ISA, numbered as ISAS
         _LONG,  # a bf16 cache on AMX tiles
     ],

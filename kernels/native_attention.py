@@ -23,14 +23,16 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     isa: str | None = None,
     tiles: bool | None = None,
 ) -> torch.Tensor:
     """One float32 query token per row ([rows, heads, head_dim]) against its row's paged KV,
     in any of `CACHE_DTYPES` (its last `window` tokens with a window; scores soft-capped where
-    `softcap`); on `isa` (default the best), which changes the speed, never the bits. `tiles`
-    (default: where the CPU has them): a bfloat16 or fp8 cache on AMX-BF16 tiles, bf16 products
-    summed in float32, so other bits than the rows' float32."""
+    `softcap`; `sinks` [heads]: a logit a head in its softmax's sum); on `isa` (default the
+    best), which changes the speed, never the bits. `tiles` (default: where the CPU has them):
+    a bfloat16 or fp8 cache on AMX-BF16 tiles, bf16 products summed in float32, so other bits
+    than the rows' float32."""
     lib = cpu_native.library()
     assert lib is not None
     query = query.contiguous()
@@ -49,6 +51,8 @@ def paged_decode_attention(
     elif tiles and not cpu_native.amx_tiles():  # which also asks Linux for the tiles' state
         raise ValueError("attention on AMX tiles needs a CPU with AMX-BF16 and AVX512-BF16")
     out = torch.empty_like(query)
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
     status = lib.paged_decode_attention(
         query.data_ptr(),
         k_cache.data_ptr(),
@@ -66,6 +70,7 @@ def paged_decode_attention(
         scale,
         window,
         softcap,
+        None if sinks is None else sinks.data_ptr(),
         cpu_native.ISAS.index(isa or cpu_native.best_isa()),
         tiles,
     )

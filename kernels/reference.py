@@ -80,18 +80,26 @@ def _attend(
     visible: torch.Tensor,
     scale: float,
     softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """Attention of [rows, heads, queries, dim] over [rows, kv_heads, keys, dim] where
     `visible`. With `softcap` (Gemma 2), each scaled score s becomes softcap * tanh(s /
-    softcap) before the softmax, as transformers computes it; SDPA has no such step."""
-    if not softcap:
+    softcap) before the softmax, as transformers computes it; with `sinks` [heads] (gpt-oss),
+    each head's softmax has one more logit, whose value is not read. SDPA has neither step."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(
             query, keys, values, attn_mask=visible, scale=scale, enable_gqa=True
         )
     group = query.shape[1] // keys.shape[1]
     keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = torch.tanh(query @ keys.transpose(-1, -2) * (scale / softcap)) * softcap
-    return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ values
+    scores = query @ keys.transpose(-1, -2) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is None:
+        return scores.softmax(dim=-1) @ values
+    sink = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+    return torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1] @ values
 
 
 def paged_decode_attention(
@@ -102,10 +110,11 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per row ([rows, heads, head_dim]) against its row's paged KV: all of
-    it, or with a `window` its last `window` tokens; scores soft-capped where `softcap`
-    (`_attend`)."""
+    it, or with a `window` its last `window` tokens; scores soft-capped where `softcap`, and
+    `sinks` in each head's softmax (`_attend`)."""
     rows = plan.block_tables.shape[0]
     keys = _gather_kv(k_cache, plan.block_tables.reshape(-1), rows, query.dtype)
     values = _gather_kv(v_cache, plan.block_tables.reshape(-1), rows, query.dtype)
@@ -113,7 +122,7 @@ def paged_decode_attention(
     if window:
         positions = torch.arange(keys.shape[2], device=query.device)
         visible = visible & (positions >= (plan.seq_lens - window)[:, None])[:, None, None, :]
-    return _attend(query.unsqueeze(2), keys, values, visible, scale, softcap).squeeze(2)
+    return _attend(query.unsqueeze(2), keys, values, visible, scale, softcap, sinks).squeeze(2)
 
 
 def paged_prefill_attention(
@@ -124,6 +133,7 @@ def paged_prefill_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each row's new tokens (a prompt chunk, possibly after a cached or
     earlier-computed prefix) against the row's paged KV, new tokens included; with a `window`,
@@ -141,7 +151,13 @@ def paged_prefill_attention(
     block_ids = block_tables.reshape(-1)
     keys = _gather_kv(k_cache, block_ids, rows, query.dtype)
     values = _gather_kv(v_cache, block_ids, rows, query.dtype)
-    if plan.from_start and not window and not softcap and query.device.type == "cpu":
+    if (
+        plan.from_start
+        and not window
+        and not softcap
+        and sinks is None
+        and query.device.type == "cpu"
+    ):
         # Query i sees keys 0..i in every row: SDPA's own causal mask, which skips the masked
         # half where a mask tensor does not (half the time: docs/benchmarks.md). On the CPU
         # only, where it is top-left aligned for more keys than queries, as here.
@@ -155,7 +171,7 @@ def paged_prefill_attention(
         visible = key_pos[None, None, :] <= query_pos[:, :, None]
         if window:
             visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
-        out = _attend(padded, keys, values, visible[:, None], scale, softcap)
+        out = _attend(padded, keys, values, visible[:, None], scale, softcap, sinks)
     out = out.transpose(1, 2).reshape(rows * longest, *query.shape[1:])
     # Each token's place among the padded rows, by shapes the host knows: no device sync.
     tokens = query.shape[0]

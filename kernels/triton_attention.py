@@ -75,6 +75,8 @@ def paged_decode_kernel(
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    sinks,
+    SINKS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -111,6 +113,8 @@ def paged_decode_kernel(
         acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
         total = total * rescale + tl.sum(weights, axis=0)
         running_max = new_max
+    if SINKS:  # gpt-oss: one more logit in the softmax's sum, no value
+        total += tl.exp(tl.load(sinks + head).to(tl.float32) - running_max)
     result = (acc / total).to(out.dtype.element_ty)
     tl.store(out + row * stride_o_token + head * stride_o_head + dims, result, mask=dim_ok)
 
@@ -141,6 +145,8 @@ def paged_prefill_kernel(
     DIM_PAD: tl.constexpr,
     TENSOR_CORES: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    sinks,
+    SINKS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -205,6 +211,8 @@ def paged_prefill_kernel(
                 acc = acc * rescale[:, None] + tl.dot(weights, v, input_precision="ieee")
             total = total * rescale + tl.sum(weights, axis=1)
             running_max = new_max
+        if SINKS:
+            total += tl.exp(tl.load(sinks + head).to(tl.float32) - running_max)
         result = (acc / total[:, None]).to(out.dtype.element_ty)
         tl.store(
             out + tokens[:, None] * stride_o_token + head * stride_o_head + dims[None, :],
@@ -239,7 +247,9 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """`sinks` [heads]: a logit a head in its softmax's sum (gpt-oss)."""
     block_tables, seq_lens = plan.block_tables, plan.seq_lens
     rows, heads, dim = query.shape
     out = torch.empty_like(query)
@@ -249,6 +259,7 @@ def paged_decode_attention(
         *_cache_strides(k_cache),
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=dim,
         DIM_PAD=triton.next_power_of_2(dim), SOFTCAP=softcap,
+        sinks=query if sinks is None else sinks, SINKS=sinks is not None,
     )  # fmt: skip
     return out
 
@@ -261,6 +272,7 @@ def paged_prefill_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     block_m: int = 16,
 ) -> torch.Tensor:
     """The grid needs `plan.longest`, which the host knows: no sync."""
@@ -275,5 +287,6 @@ def paged_prefill_attention(
         GROUP=heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m,
         HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim),
         TENSOR_CORES=k_cache.dtype != torch.float32 and not _INTERPRETED, SOFTCAP=softcap,
+        sinks=query if sinks is None else sinks, SINKS=sinks is not None,
     )  # fmt: skip
     return out

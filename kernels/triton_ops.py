@@ -33,10 +33,11 @@ def paged_decode(
     scale: float,
     window: int,
     softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     plan = DecodePlan(block_tables, seq_lens, block_size)
     return triton_attention.paged_decode_attention(
-        query, k_cache, v_cache, plan, scale, window, softcap
+        query, k_cache, v_cache, plan, scale, window, softcap, sinks
     )
 
 
@@ -52,10 +53,11 @@ def paged_prefill(
     longest: int,
     window: int,
     softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     plan = PrefillPlan(block_tables, seq_lens, query_start_loc, longest)
     return triton_attention.paged_prefill_attention(
-        query, k_cache, v_cache, plan, scale, window, softcap
+        query, k_cache, v_cache, plan, scale, window, softcap, sinks
     )
 
 
@@ -67,9 +69,10 @@ def decode(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tables, lens, size = plan.block_tables, plan.seq_lens, plan.block_size
-    return paged_decode(query, k_cache, v_cache, tables, lens, size, scale, window, softcap)
+    return paged_decode(query, k_cache, v_cache, tables, lens, size, scale, window, softcap, sinks)
 
 
 def prefill(
@@ -80,21 +83,22 @@ def prefill(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tables, lens, start = plan.block_tables, plan.seq_lens, plan.query_start
     return paged_prefill(
-        query, k_cache, v_cache, tables, lens, start, scale, plan.longest, window, softcap
+        query, k_cache, v_cache, tables, lens, start, scale, plan.longest, window, softcap, sinks
     )
 
 
-def _on_one_device(*tensors: torch.Tensor) -> None:
+def _on_one_device(*tensors: torch.Tensor | None) -> None:
     """What a kernel launch would refuse: a tensor on another device than the others."""
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise RuntimeError(f"a Triton kernel was given tensors on {sorted(map(str, devices))}")
 
 
-def _like_query(query: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+def _like_query(query: torch.Tensor, *rest: torch.Tensor | None) -> torch.Tensor:
     _on_one_device(query, *rest)
     return torch.empty_like(query)
 

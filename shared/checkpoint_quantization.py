@@ -1,10 +1,10 @@
 """A Hugging Face checkpoint's `quantization_config`: GPTQ and AWQ, the two vLLM serves on a CPU,
 fp8 (vLLM's own: e4m3 weights with a scale per tensor or per block), compressed-tensors
-(llm-compressor's: int weights packed or in int8, fp8 weights) and bitsandbytes (4 bits, as
-transformers saves it), read and checked as vLLM checks them; any other method, or a setting of
-these the executor does not compute, refused at start by name. Activations are computed as the
-executor computes them (its dtype, or its own int8 products where weights stay quantized): a
-checkpoint's activation scheme is not read."""
+(llm-compressor's: int weights packed or in int8, fp8 weights), bitsandbytes (4 bits, as
+transformers saves it) and MXFP4 (gpt-oss's experts), read and checked as vLLM checks them; any
+other method, or a setting of these the executor does not compute, refused at start by name.
+Activations are computed as the executor computes them (its dtype, or its own int8 products
+where weights stay quantized): a checkpoint's activation scheme is not read."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from turnstile.shared.model_support import UnsupportedModel
 
-METHODS = ("gptq", "awq", "fp8", "compressed-tensors", "bitsandbytes")
+METHODS = ("gptq", "awq", "fp8", "compressed-tensors", "bitsandbytes", "mxfp4")
 # vLLM's: GPTQ symmetric in 4 or 8 bits (its uint4b8 and uint8b128), AWQ in 4 with zero points.
 GPTQ_BITS = (4, 8)
 AWQ_BITS = (4,)
@@ -34,6 +34,10 @@ def checkpoint_quantization(config: dict[str, Any], source: str) -> dict[str, An
         return compressed_tensors(quant, source)
     if method == "bitsandbytes":
         return _bitsandbytes(quant, source)
+    if method == "mxfp4":  # gpt-oss's experts, as OpenAI ships them; dequantized at load
+        if config.get("model_type") != "gpt_oss":
+            _refuse(source, "quant_method", method, "MXFP4 experts of gpt-oss only")
+        return {"quantization": "mxfp4", "weight_bits": 4, "weight_type": "mxfp4"}
     bits = quant.get("bits", quant.get("w_bit"))
     group = int(quant.get("group_size", quant.get("q_group_size", -1)))
     if group == 0 or group < -1:

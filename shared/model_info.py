@@ -112,6 +112,7 @@ class ModelInfo:
     rotary_dim: int = 0  # the first dims of a head RoPE rotates (Phi-4-mini's 3/4); 0: all
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
+    attention_sinks: bool = False  # gpt-oss: each head's softmax sums a learned logit too
     # Granite's: the blocks' outputs scaled before their residual adds, and the logits divided.
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
@@ -121,6 +122,10 @@ class ModelInfo:
     expert_intermediate_size: int = 0
     normalize_expert_weights: bool = False
     expert_layers: tuple[int, ...] = ()  # the layers whose MLP is the experts
+    # gpt-oss's SwiGLU: gate clamped above and up on both sides at the limit, the gate's sigmoid
+    # sharpened by alpha, up + 1 (`experts.py`); 0: SiLU(gate) * up.
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 0.0
     # How /v1/embeddings makes a text's vector (`pooling.py`): only "last" is computed; a
     # Matryoshka model's vector may be cut to `dimensions` (any, where none are listed).
     pooling: str = "last"
@@ -129,7 +134,7 @@ class ModelInfo:
     matryoshka_dimensions: tuple[int, ...] = ()
     # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
     quantization: str = ""  # "" for float weights
-    weight_type: str = ""  # "int" (packed or int8 codes) or "float" (fp8)
+    weight_type: str = ""  # "int" (packed or int8 codes), "float" (fp8), "nf4", "fp4", "mxfp4"
     weight_bits: int = 0
     weight_group: int = 0  # inputs a scale covers; 0: a whole row
     weight_block: tuple[int, ...] = ()  # fp8's: outputs and inputs a scale covers; (): all

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma2", "gemma3_text", "granite", "llama", "mistral", "mixtral", "olmo2", "phi3",
-            "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
+FAMILIES = ("gemma2", "gemma3_text", "gpt_oss", "granite", "llama", "mistral", "mixtral", "olmo2",
+            "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
+MOE_FAMILIES = ("gpt_oss", "mixtral", "qwen3_moe")
+# Those with biases on q, k and v (Qwen2), and on o too (gpt-oss).
+BIAS_FAMILIES = ("gpt_oss", "qwen2")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
@@ -95,6 +98,7 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "attn_logit_softcapping": float(config.get("attn_logit_softcapping") or 0.0),
         "nope_layers": nope_layers(config),
         "rotary_dim": rotary_dim(config),
+        "attention_sinks": family == "gpt_oss",  # a learned logit a head, in each softmax's sum
         **mixture_of_experts(config),
     }
 
@@ -122,14 +126,15 @@ def nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
 
 
 def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
-    """Mixtral's experts on every layer; Qwen3-MoE's on each `decoder_sparse_step`-th layer
-    not in `mlp_only_layers`. Mixtral always scales the top-k weights to sum to 1, Qwen3-MoE
-    where `norm_topk_prob`."""
+    """Mixtral's and gpt-oss's experts on every layer; Qwen3-MoE's on each
+    `decoder_sparse_step`-th layer not in `mlp_only_layers`. Mixtral and gpt-oss (a softmax of
+    the top-k logits) always scale the top-k weights to sum to 1, Qwen3-MoE where
+    `norm_topk_prob`. gpt-oss's experts' SwiGLU is clamped at `swiglu_limit`."""
     family = config["model_type"]
-    if family not in ("mixtral", "qwen3_moe"):
+    if family not in MOE_FAMILIES:
         return {}
     count = config["num_hidden_layers"]
-    if family == "mixtral":
+    if family != "qwen3_moe":
         layers: tuple[int, ...] = tuple(range(count))
     else:
         step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or ()
@@ -139,8 +144,10 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
         "experts_per_token": config["num_experts_per_tok"],
         "expert_intermediate_size": config.get("moe_intermediate_size")
         or config["intermediate_size"],
-        "normalize_expert_weights": family == "mixtral" or bool(config.get("norm_topk_prob")),
+        "normalize_expert_weights": family != "qwen3_moe" or bool(config.get("norm_topk_prob")),
         "expert_layers": layers,
+        "swiglu_limit": float(config.get("swiglu_limit") or 0.0),
+        "swiglu_alpha": float(config.get("swiglu_alpha") or 0.0),
     }
 
 
@@ -191,7 +198,7 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     for kind in config.get("layer_types") or ():
         if kind not in LAYER_TYPES:
             _refuse(source, "layer_types", kind, f"supported: {', '.join(LAYER_TYPES)}")
-    if family != "qwen2" and config.get("attention_bias"):
+    if family not in BIAS_FAMILIES and config.get("attention_bias"):
         _refuse(source, "attention_bias", True, "biases on q, k, v and o are not implemented")
     if config.get("mlp_bias"):
         _refuse(source, "mlp_bias", True, "MLP biases are not implemented")

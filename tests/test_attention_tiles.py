@@ -73,6 +73,25 @@ def test_tiles_compute_what_their_model_computes(
             torch.testing.assert_close(got, exact, atol=1e-2, rtol=0)
 
 
+@amx
+@pytest.mark.parametrize("window", [0, 20])
+def test_tiles_add_attention_sinks(window: int) -> None:
+    """gpt-oss's sinks on the tiles, each lane's own head's: within the tiles' rounding of
+    float32 attention with them, and far from it without."""
+    seq_lens = [1, 17, 40, 250]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, torch.bfloat16)
+    query = torch.randn(len(seq_lens), HEADS, DIM, generator=torch.Generator().manual_seed(7))
+    sinks = torch.randn(HEADS, generator=torch.Generator().manual_seed(3)) + 1.0
+    plan = reference.plan_decode(tables, lens, 16)
+    got = native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, DIM**-0.5, window, 0.0, sinks, tiles=True
+    )
+    args = (query, k_cache, v_cache, plan, DIM**-0.5, window, 0.0)
+    torch.testing.assert_close(got, reference.paged_decode_attention(*args, sinks), atol=1e-2,
+                               rtol=0)  # fmt: skip
+    assert (got - reference.paged_decode_attention(*args)).abs().max() > 0.05
+
+
 # Query heads on KV heads, head_dim: groups of 3, 4 and 5, one; dims of one, two, three and
 # four 32-dim slices (128: two passes of 64 output dims).
 GEOMETRIES = [(9, 3, 64), (8, 2, 128), (10, 2, 64), (4, 4, 32), (6, 2, 96)]

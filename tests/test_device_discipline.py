@@ -11,6 +11,8 @@ the real scheduler's plans, the executor's plan applier, staging and sampler.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -82,7 +84,9 @@ def lora_runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
     return ModelRunner(config)
 
 
-def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+def _steps(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, params: list[SamplingParams] = PARAMS
+) -> list[set[str]]:
     """Run the real scheduler's plans on meta until every request is done, each launched
     behind the one before (its inputs take that step's tokens on the device); the kinds of
     rows (prefill, decode) in each step. Checks that some tokens were taken so. With a runner
@@ -92,7 +96,7 @@ def _steps(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[set[str
     requests = [
         AddRequest(req_id=i, prompt_ids=pack_ids(prompt), max_tokens=4, ignore_eos=True,
                    sampling=params, lora=named[0].ref if named and i % 2 else None)
-        for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True))
+        for i, (prompt, params) in enumerate(zip(prompts, params, strict=True))
     ]  # fmt: skip
     scheduler = scheduler_for(
         runner, requests, max_num_seqs=8, max_num_batched_tokens=24,
@@ -139,6 +143,20 @@ def test_a_step_with_lora_adapters_stays_on_the_device(
     lora_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kinds = _steps(lora_runner, monkeypatch)
+    assert {"prefill", "decode"} in kinds and {"decode"} in kinds
+
+
+def test_a_gpt_oss_step_stays_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-oss's sinks (through the Triton ops' fakes), biases and experts; a random model
+    without a tokenizer, so no grammar's row."""
+    from test_gpt_oss import _gpt_oss
+
+    _gpt_oss(tmp_path)
+    config = build(RunnerConfig, model=str(tmp_path), dtype="bfloat16", device="meta",
+                   backend="cuda", num_blocks=64, max_num_seqs=8)  # fmt: skip
+    kinds = _steps(ModelRunner(config), monkeypatch, [*PARAMS[:4], SamplingParams(seed=5)])
     assert {"prefill", "decode"} in kinds and {"decode"} in kinds
 
 

@@ -19,7 +19,8 @@ def _experts(device: str, dtype: torch.dtype, normalize: bool) -> Experts:
     torch.manual_seed(0)
     shapes = ((EXPERTS, HIDDEN), (EXPERTS, 2 * INNER, HIDDEN), (EXPERTS, HIDDEN, INNER))
     router, gate_up, down = (torch.randn(s).to(device=device, dtype=dtype) for s in shapes)
-    return Experts(router, gate_up, down, top_k=3, normalize=normalize, act=F.silu)
+    return Experts(router, gate_up, down, top_k=3, normalize=normalize,
+                   glu=lambda gate, up: F.silu(gate) * up)  # fmt: skip
 
 
 def _one_by_one(experts: Experts, x: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,31 @@ def test_chunked_prefill_over_cached_prefix_matches_reference(
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 11])
+def test_attention_sinks_in_decode_and_prefill_match_reference(
+    dtype: torch.dtype, window: int
+) -> None:
+    """gpt-oss's sinks: a logit a head in each softmax's sum, large enough to take a good share
+    of it (the outputs move by far more than the tolerance without them)."""
+    rows = [(0, 5), (32, 17), (7, 40), (3, 1)]
+    seq_lens = [cached + new for cached, new in rows]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, dtype, seed=2)
+    sinks = torch.randn(HEADS, generator=torch.Generator().manual_seed(3)) + 1.0
+    start = torch.tensor([0] + [new for _, new in rows]).cumsum(0)
+    query = torch.randn(int(start[-1]), HEADS, DIM).to(dtype)
+    prefill = (query, k_cache, v_cache, reference.PrefillPlan(tables, lens, start, 40),
+               DIM**-0.5, window, 0.0, sinks)  # fmt: skip
+    decode = (query[start[1:] - 1], k_cache, v_cache, reference.plan_decode(tables, lens, 16),
+              DIM**-0.5, window, 0.0, sinks)  # fmt: skip
+    for args, name in ((prefill, "paged_prefill_attention"), (decode, "paged_decode_attention")):
+        expected = getattr(reference, name)(*args)
+        got = getattr(triton_kernels, name)(*args)
+        torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+        unsunk = getattr(reference, name)(*args[:-1])
+        assert (unsunk.float() - expected.float()).abs().max() > 0.05
+
+
 def test_prompts_from_position_zero_take_sdpas_causal_mask_and_match_the_mask_tensor() -> None:
     """A step whose prompt chunks all start at position 0 lets SDPA apply its own causal mask
     (top-left): rows padded to the longest must still see only their own keys."""

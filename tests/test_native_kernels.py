@@ -95,6 +95,24 @@ def test_paged_decode_matches_reference(
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 20])
+def test_attention_sinks_match_reference(cache_dtype: torch.dtype, window: int) -> None:
+    """gpt-oss's sinks on the float32 rows (the tiles': test_attention_tiles), rows long
+    enough to be split into parts, each part's total merged before the sink joins."""
+    seq_lens = [1, 17, 97, 700]
+    k_cache, v_cache, tables, lens = paged_setup(seq_lens, 16, cache_dtype)
+    query = torch.randn(len(seq_lens), HEADS, DIM)
+    sinks = torch.randn(HEADS, generator=torch.Generator().manual_seed(3)) + 1.0
+    plan = reference.plan_decode(tables, lens, 16)
+    expected = reference.paged_decode_attention(query, k_cache, v_cache, plan, DIM**-0.5, window,
+                                                0.0, sinks)  # fmt: skip
+    got = native_attention.paged_decode_attention(
+        query, k_cache, v_cache, plan, DIM**-0.5, window, 0.0, sinks, tiles=False
+    )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("seq_lens", [[700], [300, 1], [33, 129, 64]])
 @pytest.mark.parametrize("magnitude", [1, 300])
 @pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (203, 0.0), (203, 30.0)])

@@ -197,7 +197,7 @@ def test_rows_of_mixed_formats_stack_as_parts_of_one_product() -> None:
     """Q4_K_M files store v in Q6_K, q and k in Q4_K: one projection over each format's panels,
     as each part's own product; parts that are not whole panels (16 rows) stack dense."""
     from turnstile.executor_svc.backends.packed_projection import QuantizedProjection
-    from turnstile.executor_svc.model.llama import stack_rows
+    from turnstile.executor_svc.model.layer_weights import stack_rows
 
     q, k, v = _weight(Q.Q4_K, 32, 256), _weight(Q.Q4_0, 16, 256), _weight(Q.Q6_K, 20, 256)
     stacked = stack_rows([q, k, v], torch.float32)

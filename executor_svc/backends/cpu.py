@@ -23,7 +23,8 @@ from turnstile.executor_svc.backends.packed_projection import (
 )
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
-from turnstile.executor_svc.model.llama import LlamaModel, Weight
+from turnstile.executor_svc.model.layer_weights import Weight
+from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout

@@ -45,11 +45,12 @@ class NativeDecode:
     def supports(info: ModelInfo) -> bool:
         """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP,
         on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor experts, nor
-        Granite's scales, nor SmolLM3's layers without RoPE, nor OLMo 2's norms)."""
+        Granite's scales, nor SmolLM3's layers without RoPE, nor OLMo 2's norms, nor gpt-oss's
+        sinks)."""
         llama_layer = info.hidden_act == "silu" and info.norms == "pre" and not info.num_experts
         llama_layer &= info.qk_norm != "all"
         llama_layer &= not info.attention_scale and not info.local_rope_theta
-        llama_layer &= not info.nope_layers
+        llama_layer &= not info.nope_layers and not info.attention_sinks
         llama_layer &= info.residual_multiplier == 1
         return info.head_dim % 8 == 0 and info.intermediate_size % 8 == 0 and llama_layer
 

@@ -19,9 +19,12 @@ class PagedAttention:
     """One kernel set (`kernels/`): KV-cache writes, and attention over the paged cache."""
 
     write_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]  # k, v, caches, slots
-    # query, caches, plan, scale, sliding window (0: none), score soft-cap (0: none)
-    decode: Callable[[Tensor, Tensor, Tensor, DecodePlan, float, int, float], Tensor]
-    prefill: Callable[[Tensor, Tensor, Tensor, PrefillPlan, float, int, float], Tensor]
+    # query, caches, plan, scale, sliding window (0: none), score soft-cap (0: none), each head's
+    # sink logit (None: none)
+    decode: Callable[[Tensor, Tensor, Tensor, DecodePlan, float, int, float, Tensor | None], Tensor]
+    prefill: Callable[
+        [Tensor, Tensor, Tensor, PrefillPlan, float, int, float, Tensor | None], Tensor
+    ]
     # Built once a step for every layer's `decode`; most kernels read the tables as they are.
     plan_decode: Callable[[Tensor, Tensor, int], DecodePlan] = DecodePlan
 
@@ -49,20 +52,21 @@ class AttentionBatch:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: Tensor | None = None,
     ) -> Tensor:
         kernels = self.kernels
         kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if self.prefill is None:
             assert self.decode is not None
-            return kernels.decode(q, k_cache, v_cache, self.decode, scale, window, softcap)
+            return kernels.decode(q, k_cache, v_cache, self.decode, scale, window, softcap, sinks)
         if self.decode is None:
-            return kernels.prefill(q, k_cache, v_cache, self.prefill, scale, window, softcap)
+            return kernels.prefill(q, k_cache, v_cache, self.prefill, scale, window, softcap, sinks)
         assert self.decode_tokens is not None and self.prefill_tokens is not None
         out = torch.empty_like(q)
         out[self.decode_tokens] = kernels.decode(
-            q[self.decode_tokens], k_cache, v_cache, self.decode, scale, window, softcap
+            q[self.decode_tokens], k_cache, v_cache, self.decode, scale, window, softcap, sinks
         )
         out[self.prefill_tokens] = kernels.prefill(
-            q[self.prefill_tokens], k_cache, v_cache, self.prefill, scale, window, softcap
+            q[self.prefill_tokens], k_cache, v_cache, self.prefill, scale, window, softcap, sinks
         )
         return out

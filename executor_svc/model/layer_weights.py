@@ -1,5 +1,5 @@
 """One decoder layer's weights, as the model's layer math and a backend's fused layers read
-them."""
+them, and the stacking of its projections' parts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,20 @@ import torch
 
 from turnstile.executor_svc.model.experts import Experts
 from turnstile.executor_svc.model.projection import Projection
+from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, StackedWeight, stack
+
+Weight = torch.Tensor | QuantizedWeight | StackedWeight | PackedWeight
+
+
+def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
+    """Weights stacked by rows (q, k and v; gate and up): quantized where every part is (see
+    `stack`); else dense in `dtype`."""
+    quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
+    stacked = stack(quantized) if len(quantized) == len(parts) else None
+    if stacked is not None:
+        return stacked
+    dense = [p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts]
+    return torch.cat([p.to(dtype) for p in dense])  # type: ignore[union-attr]
 
 
 @dataclass(slots=True)
@@ -28,3 +42,4 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None
     rope: int = 0  # which of the model's RoPE tables rotates this layer (Gemma 3: 1, sliding)
     experts: Experts | None = None  # a mixture of experts in place of the dense MLP
+    sinks: torch.Tensor | None = None  # gpt-oss: [heads] float32, a logit in each softmax's sum

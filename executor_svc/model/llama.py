@@ -2,7 +2,8 @@
 (qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 2 and 3 (norms around each
 block, GELU, scaled embeddings and scores, soft-capped logits; Gemma 2's soft-capped attention
 scores, Gemma 3's RoPE of its own for sliding layers);
-Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP: `experts.py`).
+Mixtral, Qwen3-MoE and gpt-oss (a mixture of experts in place of the MLP: `experts.py`; gpt-oss's
+biases on q, k, v and o, and its attention sinks).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -22,36 +23,16 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.experts import load_experts
-from turnstile.executor_svc.model.layer_weights import LayerWeights
+from turnstile.executor_svc.model.layer_weights import LayerWeights, Weight, stack_rows
 from turnstile.executor_svc.model.lora import LoraBatch
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
 from turnstile.executor_svc.model.rope import interleave_rotary_halves, rope_rotations, rotary_order
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
-from turnstile.kernels.quantized_weights import (
-    PackedWeight,
-    QuantizedWeight,
-    StackedWeight,
-    pack,
-    stack,
-)
+from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, StackedWeight, pack
 from turnstile.shared.model_info import ModelInfo
 
 ALL = slice(None)
 Adapted = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (projection(x), x) -> adapted
-
-
-Weight = torch.Tensor | QuantizedWeight | StackedWeight | PackedWeight
-
-
-def stack_rows(parts: list[Weight], dtype: torch.dtype) -> Weight:
-    """Weights stacked by rows (q, k and v; gate and up): quantized where every part is (see
-    `stack`); else dense in `dtype`."""
-    quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
-    stacked = stack(quantized) if len(quantized) == len(parts) else None
-    if stacked is not None:
-        return stacked
-    dense = [p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts]
-    return torch.cat([p.to(dtype) for p in dense])  # type: ignore[union-attr]
 
 
 class LlamaModel:
@@ -133,7 +114,8 @@ class LlamaModel:
             """A layer's dense MLP, or its experts, each expert's rows split as a dense MLP's."""
             if i in info.expert_layers:
                 rows = tp.intermediate(info.expert_intermediate_size)
-                experts = load_experts(take, prefix, info, rows, self._act, activation_dtype)
+                experts = load_experts(take, weights, prefix, info, rows, self._act,
+                                       activation_dtype)  # fmt: skip
                 return {"gate_up": None, "down": None, "experts": experts}
             gate_up = [take(f"{prefix}{p}_proj.weight", rows=inner) for p in ("gate", "up")]
             return {
@@ -152,11 +134,12 @@ class LlamaModel:
             prefix = f"model.layers.{i}."
             attn = prefix + "self_attn."
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
+            o_bias = take(attn + "o_proj.bias") if attn + "o_proj.bias" in weights else None
             self.layers.append(
                 LayerWeights(
                     input_norm=norm(prefix + "input_layernorm.weight") if inputs else None,
                     qkv=projection(qkv(attn, "weight"), bias),
-                    o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), None),
+                    o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), o_bias),
                     post_norm=norm(f"{prefix}{mlp_input_norm}.weight") if inputs else None,
                     **mlp(i, prefix + "mlp."),
                     qk_norm=qk_norm(attn),
@@ -168,6 +151,9 @@ class LlamaModel:
                     if outputs
                     else None,
                     rope=nope if i in info.nope_layers else int(bool(local and info.window(i))),
+                    sinks=take(attn + "sinks", torch.float32, queries)
+                    if info.attention_sinks
+                    else None,
                 )
             )
         # cos + i sin per position and frequency, complex64 whatever the model's dtype: the
@@ -252,7 +238,8 @@ class LlamaModel:
                 qk = self._qk_normed(qk) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
             q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
-            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap)
+            attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap,
+                                layer.sinks)  # fmt: skip
             attn = attn.reshape(-1, heads * head_dim)
             hidden = self._add_projected(
                 hidden, layer.o_proj, attn, layer.attn_out_norm, partial(adapt, name="o_proj")

@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from turnstile.executor_svc.model.checkpoint_names import Weights, common_names, split_fused
 from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.bitsandbytes_weights import dequantized as bitsandbytes_dequantized
@@ -28,8 +29,6 @@ from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq,
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.derived_files import derived_path, write_derived
 from turnstile.shared.model_info import ModelInfo
-
-Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         for done, file in enumerate(files, 1):
             weights.update(load_file(file))
             progress.advance(done)
-        return _common_names(_unpacked(weights, info, quantized), info)
+        return common_names(_unpacked(weights, info, quantized), info)
     if quantized:
         return read_gguf(path, info, quantized=True)
     cached = derived_path(path, "weights.safetensors", (__file__,))
@@ -108,7 +107,7 @@ def _unpacked(weights: Weights, info: ModelInfo, keep: bool) -> Weights:
         return _fp8_values(weights, info.weight_block)
     if info.quantization == "bitsandbytes":
         return _bitsandbytes_values(weights)
-    if not info.quantization:
+    if info.quantization in ("", "mxfp4"):  # MXFP4: gpt-oss's experts (`checkpoint_names`)
         return weights
     read = _compressed if info.quantization == "compressed-tensors" else _gptq_awq
     dense = 0
@@ -187,44 +186,6 @@ def _bitsandbytes_values(weights: Weights) -> Weights:
     return weights
 
 
-# Mixtral's MoE names, as Qwen3-MoE (and the model) names them.
-_MIXTRAL_NAMES = {
-    "block_sparse_moe.": "mlp.",
-    ".w1.": ".gate_proj.",
-    ".w3.": ".up_proj.",
-    ".w2.": ".down_proj.",
-}
-
-
-def _common_names(weights: Weights, info: ModelInfo) -> Weights:
-    """Every family's weights under the names the model reads: Mixtral's experts renamed,
-    Phi-3's fused matrices split."""
-    for name in [n for n in weights if ".block_sparse_moe." in n]:
-        new = name
-        for old, common in _MIXTRAL_NAMES.items():
-            new = new.replace(old, common)
-        weights[new] = weights.pop(name)
-    return _split_fused(weights, info)
-
-
-def _split_fused(weights: Weights, info: ModelInfo) -> Weights:
-    """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
-    apart (row slices: views, or a quantized weight's rows), as the other families store them."""
-    q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
-        fused = weights.pop(name)
-        if name.endswith("qkv_proj.weight"):
-            ends = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows),
-                    "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}  # fmt: skip
-            for part, (start, stop) in ends.items():
-                weights[name.replace("qkv_proj", f"{part}_proj")] = fused[start:stop]
-        else:
-            half = fused.shape[0] // 2
-            weights[name.replace("gate_up_proj", "gate_proj")] = fused[:half]
-            weights[name.replace("gate_up_proj", "up_proj")] = fused[half:]
-    return weights
-
-
 def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     arch, tensors = gguf_tensors(path)
     names = _hf_names(arch, info.num_layers)
@@ -254,7 +215,7 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
             value = value[_rope_order(value.shape[0], info.num_kv_heads)]
         weights[name] = value
     progress.advance(len(tensors))
-    return _split_fused(weights, info)
+    return split_fused(weights, info)
 
 
 def _hf_names(arch: str, layers: int) -> dict[str, str]:

@@ -36,6 +36,7 @@ typedef struct {
     const long *block_tables;
     long width, heads, kv_heads, dim, block_size;
     float scale, softcap;
+    const float *sinks; /* [heads] each head's logit summed into its softmax's total; or NULL */
 } Decode;
 
 /* Part `part` of rows [row, row + rows), tokens [begin, end): each row's own end is the
@@ -143,7 +144,8 @@ static void attend(const Decode *a, const float *q, const long *seq_lens, const 
 }
 
 /* out = the row's partials rescaled to their common largest score, summed, divided by their
- * summed numerators. One partial is rescaled by exp(0), exactly 1: its values over its total. */
+ * summed numerators (and a head's sink's, gpt-oss's). One partial is rescaled by exp(0),
+ * exactly 1: its values over its total. */
 static void merge(const Decode *a, const Partial *parts, long count, float *out) {
     const long dim = a->dim;
     for (long h = 0; h < a->heads; h++, out += dim) {
@@ -153,6 +155,7 @@ static void merge(const Decode *a, const Partial *parts, long count, float *out)
             factor[i] = expf((parts[i].top[h] - top) * a->scale);
             total += factor[i] * parts[i].total[h];
         }
+        if (a->sinks) total += expf(a->sinks[h] - top * a->scale);
         const __m256 inverse = _mm256_set1_ps(1.0f / total);
         for (long d = 0; d < dim; d += 8) {
             __m256 sum = _mm256_setzero_ps();
@@ -185,28 +188,30 @@ static int same_blocks(const Decode *a, const long *seq_lens, long window, long 
 int tiled_attention(const float *q, const void *k_cache, const void *v_cache, long format,
                     const long *block_tables, long width, const long *seq_lens, float *out,
                     long rows, long heads, long kv_heads, long dim, long block_size, float scale,
-                    long window, float softcap);
+                    long window, float softcap, const float *sinks);
 
 /* q and out: [rows][heads][head_dim]; head_dim a multiple of 8; the caches' values in
  * `kv_format`. A `window` > 0 attends each row's last `window` tokens only; a
- * `softcap` > 0 soft-caps the scores. `isa` (simd.h): AVX-512's registers on ISA_AVX512_VNNI,
+ * `softcap` > 0 soft-caps the scores; `sinks` (or NULL), a logit a head, adds to each softmax's
+ * total. `isa` (simd.h): AVX-512's registers on ISA_AVX512_VNNI,
  * the same bits on any. `tiles` (only once `amx_ready`): a bf16 or fp8 cache with head_dim a
  * multiple of 32 goes through AMX-BF16 tiles (attention_tiles.c), other bits. Returns 0, or -1
  * when out of memory. */
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
-                           float scale, long window, float softcap, long isa, long tiles) {
+                           float scale, long window, float softcap, const float *sinks,
+                           long isa, long tiles) {
     /* The tiles take bf16, and fp8 widened to it exactly. */
     const int tiled = kv_format == KV_BF16 || kv_format == KV_E4M3 || kv_format == KV_E5M2;
     if (tiles && tiled && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0)
         return tiled_attention(q, k_cache, v_cache, kv_format, block_tables, width, seq_lens,
                                out, rows, heads, kv_heads, dim, block_size, scale, window,
-                               softcap);
+                               softcap, sinks);
     const int wide = isa == ISA_AVX512_VNNI;
     Decode a = {wide ? score_wide : score_narrow, wide ? weigh_wide : weigh_narrow,
                 k_cache, v_cache, kv_format, block_tables, width, heads,
-                kv_heads, dim, block_size, scale, softcap};
+                kv_heads, dim, block_size, scale, softcap, sinks};
     const long per_task = BLOCKS_PER_TASK * block_size;
     long row_parts = 0, tasks = 0, stride = 8; /* a head's scores in a part, in whole vectors */
     long *first_part = malloc(sizeof(long) * (rows + 1));

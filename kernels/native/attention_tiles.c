@@ -165,8 +165,11 @@ AMX static void run_tile(const Tiles *a, const float *q, const Group *g, long kv
             }
         }
         for (long i = 0; i < groups; i++) store_tile(i, o + 256 * i);
-        float total[TILE];
+        float total[TILE], shifts[TILE];
         _mm512_storeu_ps(total, sum);
+        _mm512_storeu_ps(shifts, shift);
+        for (long m = 0; m < r.rows && a->sinks; m++) /* e^(sink - top scale) */
+            total[m] += exp2f(a->sinks[r.head[m]] * 1.44269504088896341f - shifts[m]);
         for (long m = 0; m < r.rows; m++) {
             float *to_row = out + (r.row[m] * a->heads + r.head[m]) * a->dim + pass;
             for (long i = 0; i < groups; i++)
@@ -211,9 +214,10 @@ static long drips(const Tiles *a, const Group *g, long head) {
 AMX int tiled_attention(const float *q, const void *k_cache, const void *v_cache, long format,
                         const long *block_tables, long width, const long *seq_lens, float *out,
                         long rows, long heads, long kv_heads, long dim, long block_size,
-                        float scale, long window, float softcap) {
+                        float scale, long window, float softcap, const float *sinks) {
     Tiles a = {k_cache, v_cache, block_tables, seq_lens, width, heads, kv_heads, dim,
                block_size, window, scale, softcap, NULL, NULL, heads / kv_heads, format};
+    a.sinks = sinks;
     if (format != KV_BF16) a.fp8 = fp8_tables(format);
     Group *groups = malloc(sizeof(Group) * rows);
     if (groups == NULL) return -1;

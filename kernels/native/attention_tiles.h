@@ -29,6 +29,7 @@ typedef struct {
     long per_head;    /* query heads a KV head */
     long format;      /* KV_BF16, KV_E4M3 or KV_E5M2 (simd.h) */
     Fp8 fp8;          /* an fp8 format's tables (`fp8_tables`) */
+    const float *sinks; /* [heads] a logit a head in its softmax's total (gpt-oss); or NULL */
 } Tiles;
 
 /* Rows [first, first + rows) read the same blocks over tokens [begin, end), through `lead`'s

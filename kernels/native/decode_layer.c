@@ -22,7 +22,8 @@ int gated_int8_tiles(const float *x, const int8_t *w, const float *sw, float *ac
 int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, long kv_format,
                            const long *block_tables, long width, const long *seq_lens, float *out,
                            long rows, long heads, long kv_heads, long dim, long block_size,
-                           float scale, long window, float softcap, long isa, long tiles);
+                           float scale, long window, float softcap, const float *sinks,
+                           long isa, long tiles);
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
  * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h), or 8 on AMX-INT8 tiles with a
@@ -153,7 +154,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     rotate_and_cache(s, projected, qk_norm, queries);
     if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
                                s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
-                               s->block_size, s->scale, s->window, 0.0f, isa, s->tiles))
+                               s->block_size, s->scale, s->window, 0.0f, NULL, isa, s->tiles))
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);

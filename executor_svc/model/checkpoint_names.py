@@ -1,0 +1,80 @@
+"""A safetensors checkpoint's weights under the names the model reads, whatever the family
+stores: Llama's names, each expert's matrices apart, q, k and v apart, gate and up apart."""
+
+from __future__ import annotations
+
+import torch
+
+from turnstile.kernels.mxfp4_weights import mxfp4_values
+from turnstile.kernels.quantized_weights import QuantizedWeight
+from turnstile.shared.model_info import ModelInfo
+
+Weights = dict[str, "torch.Tensor | QuantizedWeight"]
+
+# Mixtral's MoE names, as Qwen3-MoE (and the model) names them.
+_MIXTRAL_NAMES = {
+    "block_sparse_moe.": "mlp.",
+    ".w1.": ".gate_proj.",
+    ".w3.": ".up_proj.",
+    ".w2.": ".down_proj.",
+}
+
+
+def common_names(weights: Weights, info: ModelInfo) -> Weights:
+    """Every family's weights under the names the model reads: Mixtral's experts renamed,
+    gpt-oss's unstacked, Phi-3's fused matrices split."""
+    weights = _gpt_oss_experts(weights)
+    for name in [n for n in weights if ".block_sparse_moe." in n]:
+        new = name
+        for old, common in _MIXTRAL_NAMES.items():
+            new = new.replace(old, common)
+        weights[new] = weights.pop(name)
+    return split_fused(weights, info)
+
+
+def split_fused(weights: Weights, info: ModelInfo) -> Weights:
+    """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
+    apart (row slices: views, or a quantized weight's rows), as the other families store them."""
+    q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
+        fused = weights.pop(name)
+        if name.endswith("qkv_proj.weight"):
+            ends = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows),
+                    "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}  # fmt: skip
+            for part, (start, stop) in ends.items():
+                weights[name.replace("qkv_proj", f"{part}_proj")] = fused[start:stop]
+        else:
+            half = fused.shape[0] // 2
+            weights[name.replace("gate_up_proj", "gate_proj")] = fused[:half]
+            weights[name.replace("gate_up_proj", "up_proj")] = fused[half:]
+    return weights
+
+
+def _gpt_oss_experts(weights: Weights) -> Weights:
+    """gpt-oss stacks a layer's experts: `gate_up_proj` [experts, hidden, 2 * inner] (gate and
+    up interleaved by column) and `down_proj` [experts, inner, hidden], inputs first, with
+    their biases; or, as OpenAI ships them, MXFP4 (`_blocks` and `_scales`, outputs first).
+    Each expert's matrices named apart as Mixtral's (views), its router as `gate`."""
+    for name in [n for n in weights if ".mlp.router." in n]:
+        weights[name.replace(".mlp.router.", ".mlp.gate.")] = weights.pop(name)
+    for name in [n for n in weights if n.endswith(("_proj_blocks", "_proj_scales"))]:
+        if ".mlp.experts." not in name:
+            raise ValueError(f"{name}: MXFP4 is read for gpt-oss's experts only")
+        if name.endswith("_blocks"):
+            stem = name.removesuffix("_blocks")
+            blocks, scales = weights.pop(name), weights.pop(stem + "_scales")
+            weights[stem] = mxfp4_values(blocks, scales).transpose(1, 2)  # inputs first
+    stems = [n.removesuffix(".gate_up_proj") for n in weights if n.endswith("experts.gate_up_proj")]
+    for stem in stems:
+        gate_up, down = weights.pop(stem + ".gate_up_proj"), weights.pop(stem + ".down_proj")
+        gate_up_bias = weights.pop(stem + ".gate_up_proj_bias")
+        down_bias = weights.pop(stem + ".down_proj_bias")
+        for e in range(gate_up.shape[0]):
+            expert = f"{stem}.{e}."
+            weights[expert + "gate_proj.weight"] = gate_up[e, :, 0::2].T
+            weights[expert + "up_proj.weight"] = gate_up[e, :, 1::2].T
+            weights[expert + "gate_proj.bias"] = gate_up_bias[e, 0::2]
+            weights[expert + "up_proj.bias"] = gate_up_bias[e, 1::2]
+            weights[expert + "down_proj.weight"] = down[e].T
+            weights[expert + "down_proj.bias"] = down_bias[e]
+    return weights

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The families added in session 47 read by Turnstile and by vLLM-CPU (../shared/peers/setup.sh's
+# The families added in sessions 47-48 read by Turnstile and by vLLM-CPU (../shared/peers/setup.sh's
 # venv), offline, both in float32: a random two-layer model of each (transformers' own classes,
 # written by transformers): OLMo 2 (each block's output normed, q and k across heads), SmolLM3
-# (its second layer without RoPE), Phi-4-mini's layer (RoPE on 3/4 of each head, longrope). The
-# prompt logprobs of 300 token ids and 32 greedy tokens after them, from each engine.
-#   usage: bench/families_vs_vllm.sh
+# (its second layer without RoPE), Phi-4-mini's layer (RoPE on 3/4 of each head, longrope),
+# gpt-oss (attention sinks, biases, experts with a clamped SwiGLU, a sliding then a full layer,
+# yarn). The prompt logprobs of 300 token ids and 32 greedy tokens after them, from each engine.
+#   usage: bench/families_vs_vllm.sh [FAMILY...]
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d)
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
-FAMILIES="olmo2 smollm3 phi4mini"
+FAMILIES=${*:-olmo2 smollm3 phi4mini gpt_oss}
 .venv/bin/python - "$out" $FAMILIES <<'PY' 2>/dev/null
 import sys, torch, transformers
 out, shape = sys.argv[1], dict(vocab_size=4096, hidden_size=256, intermediate_size=512,
@@ -23,10 +24,17 @@ for family in sys.argv[2:]:
         "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**shape)),
         "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(**shape, no_rope_layers=[1, 0])),
         "phi4mini": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(**shape, rope_scaling=longrope)),
+        "gpt_oss": lambda: transformers.GptOssForCausalLM(transformers.GptOssConfig(
+            **{**shape, "intermediate_size": 128}, head_dim=64, num_local_experts=8, num_experts_per_tok=2,
+            sliding_window=128, layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=256,
+                                 rope_theta=1.5e5, beta_fast=32.0, beta_slow=1.0, truncate=False))),
     }[family]()
     for name, parameter in model.named_parameters():
         if name.endswith("norm.weight"):
             parameter.data.uniform_(0.5, 1.5)
+        elif name.endswith(("bias", "sinks")):
+            parameter.data.normal_(0.0, 0.5)
     model.save_pretrained(f"{out}/{family}")
 PY
 cat > "$out/vllm_side.py" <<'PY'

@@ -21,6 +21,7 @@ from turnstile.gateway_svc.embeddings import Embeddings
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation
+from turnstile.gateway_svc.harmony import readers_of
 from turnstile.gateway_svc.openai_api import (
     Request,
     check_capacity,
@@ -34,13 +35,8 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
-from turnstile.gateway_svc.reasoning import ThinkTokens, answer_thinks, reasoning_readers
-from turnstile.gateway_svc.request_ids import (
-    REQUEST_ID,
-    answer_id,
-    answered,
-    request_id_header,
-)
+from turnstile.gateway_svc.reasoning import ThinkTokens, answer_thinks
+from turnstile.gateway_svc.request_ids import REQUEST_ID, answer_id, answered, request_id_header
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -98,8 +94,11 @@ class Gateway:
         think: ThinkTokens | None = None,
         force_usage: bool = False,
         max_logprobs: int = 20,
+        harmony_reasoning: bool = False,
     ) -> None:
         self.engine = engine
+        # gpt-oss's answers read as harmony: whether their reasoning is shown; None: not harmony
+        self.harmony = harmony_reasoning if tokenizer.info.chat_format == "harmony" else None
         self.max_logprobs = max_logprobs  # --max-logprobs, the vocabulary's size for -1
         self.force_usage = force_usage  # every stream ends with its usage
         self.think = think  # --reasoning-parser's markers: a chat's thinking told apart
@@ -190,8 +189,9 @@ class Gateway:
         generation = await self._start(chat, arrival)
         if generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
-        if generation.thinking is not None:
-            shape.reasoning = reasoning_readers(chat, generation.thinking)
+        shape.reasoning = readers_of(
+            chat, generation.thinking, chat.tools is not None, self.harmony
+        )
         shape.stored = self.stored.keeps(asked)
         if asked.stream:
             answer = responses_output.answer_stream(http, shape, generation)
@@ -223,8 +223,9 @@ class Gateway:
             shape.prompt_ids = [c.prompt_ids for c in generation.choices]
         if isinstance(request, ChatCompletionRequest) and generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, request)
-        if isinstance(request, ChatCompletionRequest) and generation.thinking is not None:
-            shape.reasoning = reasoning_readers(request, generation.thinking)
+        if isinstance(request, ChatCompletionRequest):
+            calls = generation.tool_mode is not None
+            shape.reasoning = readers_of(request, generation.thinking, calls, self.harmony)
         if request.stream:
             answer = answer_stream(http, shape, generation, request)
         else:
@@ -254,7 +255,7 @@ class Gateway:
         chat = isinstance(request, ChatCompletionRequest)
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
         tools = tool_mode(request, self.tool_parser) if chat else None
-        if keeps_special_tokens(tools, self.tool_parser):
+        if keeps_special_tokens(tools, self.tool_parser) or (chat and self.harmony is not None):
             request.skip_special_tokens = False
         constraint = grammar_of(request, forced_call(request, tools) if chat else None)
         grammar = None if constraint is None else constraint[1]

@@ -57,16 +57,17 @@ class GatewayConfig:
             "hermes",
             "llama3_json",
             "mistral",
+            "openai",
             "phi4_mini_json",
             "pythonic",
             "qwen3_coder",
         ]
         | None
     ) = setting(None, "how the model writes its tool calls (vLLM's parser names)")
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = setting(
+    reasoning_parser: Literal["deepseek_r1", "qwen3", "openai_gptoss"] | None = setting(
         None,
-        "a reasoning model's thinking, between <think> and </think>, given apart from a chat's "
-        "answer as `reasoning` (vLLM's parser names)",
+        "a reasoning model's thinking, between <think> and </think> (gpt-oss: its analysis "
+        "channel), given apart from a chat's answer as `reasoning` (vLLM's parser names)",
     )
     responses_store_size: int = setting(
         0,

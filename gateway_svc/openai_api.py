@@ -92,12 +92,17 @@ def chat_text(request: ChatCompletionRequest | TokenizeChat, tokenizer: Tokenize
             fields |= {"reasoning": thinking, "reasoning_content": thinking}
         messages.append(template_message(fields | {"content": message_text(message)}))
     tools = template_tools(request) if isinstance(request, ChatCompletionRequest) else None
+    effort = request.reasoning_effort if isinstance(request, ChatCompletionRequest) else None
+    if effort is not None and "reasoning_effort" not in (tokenizer.info.chat_template or ""):
+        raise ApiError(400, "reasoning_effort: this model's chat template does not read it",
+                       param="reasoning_effort")  # fmt: skip
     try:
         return tokenizer.render_chat(
             messages,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             **({"tools": tools} if tools else {}),
+            **({"reasoning_effort": effort} if effort else {}),
             **(request.chat_template_kwargs or {}),
         )
     except ValueError as exc:

@@ -234,7 +234,6 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
         "audio": (),
         "modalities": (["text"],),
         "prediction": (),
-        "reasoning_effort": (),
         "verbosity": (),
         "web_search_options": (),
         "chat_template": (),
@@ -261,7 +260,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     audio: refused("null") = None
     modalities: refused('["text"]') = None
     prediction: refused("null") = None
-    reasoning_effort: refused("null") = None
+    # vLLM's: given to the chat template (gpt-oss's writes it into its system message); refused
+    # where the template does not read it
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     verbosity: refused("null") = None
     web_search_options: refused("null") = None
     chat_template: refused("null (serve with --chat-template)") = None

@@ -15,6 +15,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from turnstile.gateway_svc.app import Gateway
 from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
+from turnstile.gateway_svc.harmony import check_parsers
 from turnstile.gateway_svc.lora_updates import FolderResolver, LoraUpdates
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
@@ -54,6 +55,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
     engine.start()
     tokenizer = Tokenizer(model, info, settings.default_chat_template_kwargs)
     parser = settings.reasoning_parser
+    check_parsers(info, settings.tool_call_parser, parser)
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
     names = settings.served_model_name or [served_name(model)]
     adapters = lora_adapters(config.lora, info)
@@ -75,9 +77,10 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.return_tokens_as_token_ids,
         settings.responses_store_size,
         settings.enable_log_requests,
-        ThinkTokens.of(tokenizer, parser) if parser else None,
+        ThinkTokens.of(tokenizer, parser) if parser and not info.chat_format else None,
         settings.enable_force_include_usage,
         info.vocab_size if config.engine.max_logprobs < 0 else config.engine.max_logprobs,
+        parser == "openai_gptoss",
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

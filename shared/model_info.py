@@ -113,6 +113,7 @@ class ModelInfo:
     final_logit_softcapping: float = 0.0  # logits become cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # Gemma 2: attention scores capped alike; 0: none
     attention_sinks: bool = False  # gpt-oss: each head's softmax sums a learned logit too
+    chat_format: str = ""  # "harmony": gpt-oss's answers are channels of messages (gateway's)
     # Granite's: the blocks' outputs scaled before their residual adds, and the logits divided.
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0

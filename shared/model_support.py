@@ -99,6 +99,7 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
         "nope_layers": nope_layers(config),
         "rotary_dim": rotary_dim(config),
         "attention_sinks": family == "gpt_oss",  # a learned logit a head, in each softmax's sum
+        "chat_format": "harmony" if family == "gpt_oss" else "",
         **mixture_of_experts(config),
     }
 

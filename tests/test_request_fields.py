@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow  # starts a stack
 OK, REFUSED = "honoured", "refused"
 FCFS = "refused under the default policy"  # honoured with --policy priority
 NO_PARSER = "refused without --reasoning-parser"  # honoured with one (test_reasoning.py)
+NO_EFFORT = "refused where the template does not read it"  # honoured: test_harmony.py
 # For each field (OpenAI's and vLLM's): the body fields sent with it, and what must happen.
 COMMON: dict[str, tuple[dict[str, Any], str]] = {
     "model": ({"model": MODEL}, OK),
@@ -108,7 +109,7 @@ CHAT = COMMON | {
     "audio": ({"audio": {"voice": "alloy", "format": "mp3"}}, REFUSED),
     "modalities": ({"modalities": ["text", "audio"]}, REFUSED),
     "prediction": ({"prediction": {"type": "content", "content": "x"}}, REFUSED),
-    "reasoning_effort": ({"reasoning_effort": "low"}, REFUSED),
+    "reasoning_effort": ({"reasoning_effort": "low"}, NO_EFFORT),
     "verbosity": ({"verbosity": "low"}, REFUSED),
     "web_search_options": ({"web_search_options": {}}, REFUSED),
     "chat_template": ({"chat_template": "{{ messages }}"}, REFUSED),

@@ -30,6 +30,7 @@ from turnstile.executor_svc.runner_config import (
     RunnerConfig,
 )
 from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
+from turnstile.gateway_svc.harmony import check_parsers
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
 from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
@@ -163,7 +164,11 @@ def serve(config: ServeConfig) -> None:
             )
         check_sharding(info, config.engine.tensor_parallel_size)
         lora_adapters(config.lora, info)  # each one checked
-        if parser := config.gateway.reasoning_parser:  # its markers must be in the vocabulary
+        gateway = config.gateway
+        check_parsers(info, gateway.tool_call_parser, gateway.reasoning_parser)
+        if (
+            parser := gateway.reasoning_parser
+        ) and not info.chat_format:  # markers in its vocabulary
             ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         sys.exit(f"turnstile: {exc}")

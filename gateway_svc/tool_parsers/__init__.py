@@ -4,6 +4,7 @@ parser of that name does, fed piece by piece (streaming) or whole (`base.py`).""
 from __future__ import annotations
 
 from turnstile.gateway_svc.tool_parsers.base import Call, ToolParser, make_call
+from turnstile.gateway_svc.tool_parsers.harmony_calls import HarmonyCalls
 from turnstile.gateway_svc.tool_parsers.hermes import Hermes
 from turnstile.gateway_svc.tool_parsers.llama3_json import Llama3Json
 from turnstile.gateway_svc.tool_parsers.marked_list import Granite, Phi4MiniJson
@@ -16,6 +17,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "hermes": Hermes,
     "llama3_json": Llama3Json,
     "mistral": Mistral,
+    "openai": HarmonyCalls,
     "phi4_mini_json": Phi4MiniJson,
     "pythonic": Pythonic,
     "qwen3_coder": Qwen3Coder,

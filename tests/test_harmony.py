@@ -5,7 +5,7 @@ openai_gptoss` the analysis channel comes as `reasoning`, the final one as `cont
 streamed alike. vLLM's `reasoning_effort` reaches a template that reads it (one that does not
 refuses it: `test_request_fields.py`); harmony's parsers are refused at start for another
 model, and another model's for gpt-oss. The reader's cases one by one:
-`test_harmony_reader.py`."""
+`test_harmony_reader.py`. The Responses API alike."""
 
 from __future__ import annotations
 
@@ -93,6 +93,22 @@ def test_a_message_to_a_function_is_a_tool_call(client: openai.OpenAI) -> None:
     assert [c.function.name for c in calls if c.function.name] == ["get_weather"]
     arguments = "".join(c.function.arguments or "" for c in calls)
     assert json.loads(arguments) == json.loads(harmony_model.ARGUMENTS)
+
+
+def test_the_responses_api_gives_the_reasoning_and_the_call_as_items(
+    client: openai.OpenAI,
+) -> None:
+    fields = {"model": "oss", "input": "What is 2 + 2?", "temperature": 0}
+    response = client.responses.create(**fields)  # type: ignore[call-overload]
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == harmony_model.REASONING
+    assert response.output_text == harmony_model.CONTENT
+    events = list(client.responses.create(**fields, stream=True))  # type: ignore[call-overload]
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == harmony_model.REASONING
+    called = client.responses.create(**fields, tools=[{"type": "function", **TOOLS[0]["function"]}])
+    assert [item.type for item in called.output][-1] == "function_call"
+    assert called.output[-1].name == "get_weather"
 
 
 def test_reasoning_effort_reaches_a_template_that_reads_it(client: openai.OpenAI) -> None:

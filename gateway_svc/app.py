@@ -21,7 +21,7 @@ from turnstile.gateway_svc.embeddings import Embeddings
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation
-from turnstile.gateway_svc.harmony import readers_of
+from turnstile.gateway_svc.harmony import counter_of, readers_of
 from turnstile.gateway_svc.openai_api import (
     Request,
     check_capacity,
@@ -189,9 +189,8 @@ class Gateway:
         generation = await self._start(chat, arrival)
         if generation.tool_mode is not None:
             shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
-        shape.reasoning = readers_of(
-            chat, generation.thinking, chat.tools is not None, self.harmony
-        )
+        calls = generation.tool_mode is not None
+        shape.reasoning = readers_of(chat, generation.thinking, calls, self.harmony)
         shape.stored = self.stored.keeps(asked)
         if asked.stream:
             answer = responses_output.answer_stream(http, shape, generation)
@@ -255,7 +254,8 @@ class Gateway:
         chat = isinstance(request, ChatCompletionRequest)
         check_prompt_size(request, self.max_model_len, self.tokenizer.max_chars_per_token)
         tools = tool_mode(request, self.tool_parser) if chat else None
-        if keeps_special_tokens(tools, self.tool_parser) or (chat and self.harmony is not None):
+        harmony = chat and self.harmony is not None  # decoded with its markers, special tokens
+        if keeps_special_tokens(tools, self.tool_parser) or harmony:
             request.skip_special_tokens = False
         constraint = grammar_of(request, forced_call(request, tools) if chat else None)
         grammar = None if constraint is None else constraint[1]
@@ -289,10 +289,12 @@ class Gateway:
                 Choice(p * n + j, request, self.tokenizer, hidden, arrival) for j in range(n)
             ]
             for choice in choices:
-                choice.echo, choice.prompt_ids, choice.thinking = echo, ids, think
+                choice.echo, choice.prompt_ids = echo, ids
+                choice.counter = counter_of(think, harmony, self.tokenizer)
             if request.prompt_top is not None:  # the first choice brings them
                 choices[0].prompt_logprobs = [None] * len(ids)
             generation.start(message, choices, beams)
         generation.tool_mode = tools
         generation.thinking = None if not chat or self.think is None else think is not None
+        generation.counts_reasoning = harmony or (chat and self.think is not None)
         return generation

@@ -21,7 +21,7 @@ from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.beam_search import BeamSearch
 from turnstile.gateway_svc.engine_client import End, EngineClient, PromptEntries, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
-from turnstile.gateway_svc.reasoning import ThinkTokens
+from turnstile.gateway_svc.reasoning import ReasoningCounter
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
 from turnstile.gateway_svc.text_stream import TextStream
 from turnstile.shared.protocol import AddRequest
@@ -66,16 +66,13 @@ class Choice:
         # logprob), top N...], rank); the first has none, as in vLLM.
         self.prompt_logprobs: list[tuple[list[tuple[int, float]], int] | None] = []
         self.prompt_ids: list[int] = []
-        self.thinking: ThinkTokens | None = None  # with a reasoning parser, until </think>
+        self.counter: ReasoningCounter | None = None  # which of its tokens are reasoning
         self.reasoning_tokens = 0
         self._last = arrival
 
     def token(self, token_id: int) -> None:
-        if self.thinking is not None:  # count the thinking's tokens, its markers left out
-            if token_id == self.thinking.end:
-                self.thinking = None
-            else:
-                self.reasoning_tokens += token_id != self.thinking.start
+        if self.counter is not None:
+            self.reasoning_tokens += self.counter.reasoning(token_id)
         now = time.perf_counter()
         histogram = metrics.INTER_TOKEN_LATENCY if self.tokens else metrics.TIME_TO_FIRST_TOKEN
         histogram.observe(now - self._last)
@@ -98,6 +95,7 @@ class Generation:
         self.tool_mode: str | None = None  # a chat's (`tool_calls.tool_mode`), if it has tools
         # Under a reasoning parser, a chat's: whether its answer starts thinking; else None.
         self.thinking: bool | None = None
+        self.counts_reasoning = False  # usage gives the reasoning's tokens
         self.choices: list[Choice] = []
         self._pieces: asyncio.Queue[Piece | ApiError] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,7 +130,7 @@ class Generation:
             "total_tokens": self.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
-        if self.thinking is not None:
+        if self.counts_reasoning:
             thought = sum(choice.reasoning_tokens for choice in self.choices)
             usage["completion_tokens_details"] = {"reasoning_tokens": thought}
         return usage

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import re
 
-from turnstile.gateway_svc.reasoning import ReasoningReaders, reasoning_readers
+from turnstile.gateway_svc.reasoning import (
+    ReasoningCounter,
+    ReasoningReaders,
+    ThinkCounter,
+    ThinkTokens,
+    reasoning_readers,
+)
 from turnstile.gateway_svc.request_types import ChatCompletionRequest
 from turnstile.gateway_svc.text_stream import partial_suffix
 from turnstile.shared.model_info import ModelInfo
+from turnstile.shared.tokenizer import Tokenizer
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 CALL, RETURN = "<|call|>", "<|return|>"
@@ -42,6 +49,38 @@ def check_parsers(info: ModelInfo, tool_parser: str | None, reasoning_parser: st
             )
 
 
+def header_of(header: str) -> tuple[str, str]:
+    """A message header's channel and recipient ("" where it names none)."""
+    found = _RECIPIENT.search(header)
+    channel = header.partition(CHANNEL)[2].strip()
+    return re.split(r"[\s<]", channel)[0], (found.group(1) if found else "")
+
+
+class HarmonyCounter:
+    """An answer's reasoning tokens, as vLLM counts gpt-oss's: its analysis messages' bodies,
+    read by a `HarmonyReader` token by token (markers are never counted)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._reader = HarmonyReader(calls=False)
+        self._inside = False  # in an analysis body before the token
+
+    def reasoning(self, token_id: int) -> bool:
+        self._reader.feed(self._tokenizer.decode([token_id], skip_special_tokens=False))
+        counted, self._inside = self._inside and self._reader.in_analysis, self._reader.in_analysis
+        return counted
+
+
+def counter_of(
+    think: ThinkTokens | None, harmony: bool, tokenizer: Tokenizer
+) -> ReasoningCounter | None:
+    """A chat's reasoning counter: under a `<think>` parser, of an answer that starts thinking;
+    a harmony model's; else None."""
+    if think is not None:
+        return ThinkCounter(think)
+    return HarmonyCounter(tokenizer) if harmony else None
+
+
 def call_text(name: str, arguments: str) -> str:
     """A tool call as the `openai` tool parser reads it."""
     return f"{CALL}{name}{MESSAGE}{arguments}{END}"
@@ -60,6 +99,11 @@ class HarmonyReader:
         self._kind = ""  # the body's: "reasoning", "content", "call" or "" (left out)
         self._name = ""  # a call's function
         self._held = ""  # a call's body, or reasoning not streamed, until its message ends
+
+    @property
+    def in_analysis(self) -> bool:
+        """Inside an analysis message's body, as far as the text read tells."""
+        return self._in_body and self._kind == "reasoning"
 
     def feed(self, piece: str) -> tuple[str, str]:
         self._text += piece
@@ -91,9 +135,8 @@ class HarmonyReader:
             self._text = "" if final else self._text  # a header cut short says nothing
             return False
         header, self._text = self._text[:at], self._text[at + len(MESSAGE) :]
-        channel = header.partition(CHANNEL)[2].strip()
-        found = _RECIPIENT.search(header)
-        self._begin(found.group(1) if found else "", re.split(r"[\s<]", channel)[0])
+        channel, recipient = header_of(header)
+        self._begin(recipient, channel)
         return True
 
     def _begin(self, recipient: str, channel: str) -> None:

@@ -11,6 +11,7 @@ token count is exact. Each choice's text goes through a `ReasoningReader`, whole
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
@@ -51,6 +52,27 @@ class ThinkTokens:
         return self.start in prompt_ids[last:] or bool(
             tokenizer.decode(prompt_ids[last + 1 :]).strip()
         )
+
+
+class ReasoningCounter(Protocol):
+    """Tells, token by token, which of an answer's tokens are its reasoning."""
+
+    def reasoning(self, token_id: int) -> bool: ...
+
+
+class ThinkCounter:
+    """An answer that starts thinking: its tokens up to </think>, the markers left out."""
+
+    def __init__(self, think: ThinkTokens) -> None:
+        self._think: ThinkTokens | None = think
+
+    def reasoning(self, token_id: int) -> bool:
+        if self._think is None:
+            return False
+        if token_id == self._think.end:
+            self._think = None
+            return False
+        return token_id != self._think.start
 
 
 class ReasoningReader:

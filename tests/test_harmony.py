@@ -76,6 +76,9 @@ def test_the_analysis_is_the_reasoning_and_the_final_channel_the_content(
     assert message.content == harmony_model.CONTENT
     assert answer.choices[0].finish_reason == "stop"
     assert len(answer.choices[0].token_ids) == len(harmony_model.ANSWER) - 1
+    script = harmony_model.ANSWER  # the analysis's body: the tokens between its markers
+    thought = script.index("<|end|>") - script.index("<|message|>") - 1
+    assert answer.usage.completion_tokens_details.reasoning_tokens == thought == 2
     reasoning, content, _, reason = streamed(client)
     assert "".join(reasoning) == harmony_model.REASONING and len(reasoning) > 1
     assert content == harmony_model.CONTENT and reason == "stop"
@@ -85,6 +88,7 @@ def test_a_message_to_a_function_is_a_tool_call(client: openai.OpenAI) -> None:
     answer = chat(client, tools=TOOLS)
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 0
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == json.loads(harmony_model.ARGUMENTS)

@@ -88,8 +88,8 @@ def chat_text(request: ChatCompletionRequest | TokenizeChat, tokenizer: Tokenize
     messages = []
     for message in request.messages:
         fields = {k: v for k, v in msgspec.structs.asdict(message).items() if v is not None}
-        if thinking := message.reasoning or message.reasoning_content:  # templates read either
-            fields |= {"reasoning": thinking, "reasoning_content": thinking}
+        if thinking := message.reasoning or message.reasoning_content:  # templates read any
+            fields |= {"reasoning": thinking, "reasoning_content": thinking, "thinking": thinking}
         messages.append(template_message(fields | {"content": message_text(message)}))
     tools = template_tools(request) if isinstance(request, ChatCompletionRequest) else None
     effort = request.reasoning_effort if isinstance(request, ChatCompletionRequest) else None

@@ -15,8 +15,6 @@ def check_sharding(info: ModelInfo, size: int) -> None:
     if info.qk_norm == "all" and size > 1:  # each rank would norm over its own heads only
         raise ShardingError(f"--tensor-parallel-size {size}: q and k normed across all their "
                             "heads (OLMo 2) are not split")  # fmt: skip
-    if info.attention_sinks and size > 1:  # o's and the experts' biases would be summed N times
-        raise ShardingError(f"--tensor-parallel-size {size}: gpt-oss is not split across ranks")
     if info.num_heads % size:
         raise ShardingError(
             f"--tensor-parallel-size {size} does not divide the {info.num_heads} query heads"

@@ -6,7 +6,8 @@ gpt-oss's vocabulary; a marker a script needs twice is spelled the second time f
 pieces (the decoder joins tokens as they are), which the reader cannot tell apart.
 
 A chat without tools ends its prompt with `assistant` and answers `ANSWER`; with tools it ends
-with `toolstart` and answers `CALL`. The template is this test's own, harmony-like."""
+with `toolstart` and answers `CALL`. The template is this test's own, harmony-like; an earlier
+answer's analysis it reads as `thinking`, as gpt-oss's does."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ CALL = ["toolstart", "<|cha", "nnel|>", "commentary to=functions.get_weather ", 
         "json", "<|mes", "sage|>", '{"city": ', '"Paris"}', "<|call|>"]  # fmt: skip
 TEMPLATE = (
     "{% if reasoning_effort %}<|start|>system<|message|>Reasoning: {{ reasoning_effort }}<|end|>"
-    "{% endif %}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>"
+    "{% endif %}{% for m in messages %}{% if m.thinking %}<|start|>assistant<|channel|>analysis"
+    "<|message|>{{ m.thinking }}<|end|>{% endif %}<|start|>{{ m.role }}<|message|>"
+    "{{ m.content }}<|end|>"
     "{% endfor %}{% if add_generation_prompt %}<|start|>{% if tools %}assistant toolstart"
     "{% else %}assistant{% endif %}{% endif %}"
 )

@@ -18,6 +18,7 @@ from typing import Any
 import harmony_model
 import openai
 import pytest
+import requests
 
 from turnstile.bench.server_process import Server, launched_server
 
@@ -113,6 +114,16 @@ def test_the_responses_api_gives_the_reasoning_and_the_call_as_items(
     called = client.responses.create(**fields, tools=[{"type": "function", **TOOLS[0]["function"]}])
     assert [item.type for item in called.output][-1] == "function_call"
     assert called.output[-1].name == "get_weather"
+
+
+def test_an_earlier_answers_reasoning_reaches_the_template_as_thinking(server: Server) -> None:
+    said = {"role": "assistant", "content": "w5", "reasoning": "w6 w7 w8"}
+    lengths = []
+    for turns in ([*MESSAGES, said | {"reasoning": None}], [*MESSAGES, said]):
+        body = {"model": "oss", "messages": turns}
+        lengths.append(requests.post(f"{server.url}/tokenize", json=body).json()["count"])
+    # <|start|> assistant <|channel|> analysis <|message|>, its 3 words, <|end|>
+    assert lengths[1] == lengths[0] + 9
 
 
 def test_reasoning_effort_reaches_a_template_that_reads_it(client: openai.OpenAI) -> None:

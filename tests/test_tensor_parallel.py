@@ -44,6 +44,17 @@ def tiny_llama(folder: Path, family: str = "Llama", **features: object) -> Path:
     )  # fmt: skip
 
 
+def _randomize_biases(file: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(file)
+    for name, weight in weights.items():
+        if name.endswith(("bias", "sinks")):
+            weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    save_file(weights, file, metadata={"format": "pt"})
+
+
 def answers(server: Server, model: str) -> list[list[str]]:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
 
@@ -62,13 +73,16 @@ def answers(server: Server, model: str) -> list[list[str]]:
     return asyncio.run(all_at_once())
 
 
-# Mixtral: each expert's intermediate dims split, as a dense MLP's.
-@pytest.mark.parametrize("family", ["Llama", "Mixtral"])
+# Mixtral: each expert's intermediate dims split, as a dense MLP's. gpt-oss: its sinks split by
+# heads, o's and the experts' down biases added by one rank (its biases and sinks made to count).
+@pytest.mark.parametrize("family", ["Llama", "Mixtral", "GptOss"])
 def test_two_ranks_give_the_single_executors_tokens_on_a_tiny_model(
     family: str, tmp_path: Path
 ) -> None:
-    experts = dict(num_local_experts=4, num_experts_per_tok=2) if family == "Mixtral" else {}
+    experts = dict(num_local_experts=4, num_experts_per_tok=2) if family != "Llama" else {}
     folder = tiny_llama(tmp_path, family, **experts)
+    if family == "GptOss":
+        _randomize_biases(folder / "model.safetensors")
     runs = []
     for size in (1, 2):
         with launched_server("--model", str(folder), "--tensor-parallel-size", str(size),

@@ -49,17 +49,19 @@ def load_experts(
     ]
     down = [tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts]
     router = tensor("gate.weight", activation_dtype)
-    if prefix + "experts.0.down_proj.bias" not in names:
+    if prefix + "experts.0.gate_proj.bias" not in names:
         return Experts(router, torch.stack(gate_up), torch.stack(down), info.experts_per_token,
                        info.normalize_expert_weights, lambda gate, up: act(gate) * up)  # fmt: skip
     gate_up_bias = [
         torch.cat([tensor(f"experts.{e}.{p}_proj.bias", rows=rows) for p in ("gate", "up")])
         for e in experts
     ]
-    down_bias = [tensor(f"experts.{e}.down_proj.bias") for e in experts]
+    # down's bias where `names` hold it: on one rank only, as the ranks' outputs are summed
+    down_bias = None
+    if prefix + "experts.0.down_proj.bias" in names:
+        down_bias = torch.stack([tensor(f"experts.{e}.down_proj.bias") for e in experts])
     glu = partial(clamped_swiglu, alpha=info.swiglu_alpha, limit=info.swiglu_limit)
-    biases = (tensor("gate.bias", activation_dtype), torch.stack(gate_up_bias),
-              torch.stack(down_bias))  # fmt: skip
+    biases = (tensor("gate.bias", activation_dtype), torch.stack(gate_up_bias), down_bias)
     return Experts(router, torch.stack(gate_up), torch.stack(down), info.experts_per_token,
                    info.normalize_expert_weights, glu, *biases)  # fmt: skip
 

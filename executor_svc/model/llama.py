@@ -114,7 +114,7 @@ class LlamaModel:
             """A layer's dense MLP, or its experts, each expert's rows split as a dense MLP's."""
             if i in info.expert_layers:
                 rows = tp.intermediate(info.expert_intermediate_size)
-                experts = load_experts(take, weights, prefix, info, rows, self._act,
+                experts = load_experts(take, names, prefix, info, rows, self._act,
                                        activation_dtype)  # fmt: skip
                 return {"gate_up": None, "down": None, "experts": experts}
             gate_up = [take(f"{prefix}{p}_proj.weight", rows=inner) for p in ("gate", "up")]
@@ -129,12 +129,16 @@ class LlamaModel:
 
         # Each layer's RoPE table: the model's, the sliding layers' own, the identity (no RoPE).
         local, nope = bool(info.local_rope_theta), 1 + bool(info.local_rope_theta)
+        # The experts' down biases (gpt-oss) on the first rank alone, as o's bias
+        names = weights.keys() if tp.first else {n for n in weights if "down_proj.bias" not in n}
         self.layers = []
         for i in range(info.num_layers):
             prefix = f"model.layers.{i}."
             attn = prefix + "self_attn."
             bias = qkv(attn, "bias") if attn + "q_proj.bias" in weights else None
+            # o's bias (gpt-oss) on the first rank alone: the ranks' partial sums are summed
             o_bias = take(attn + "o_proj.bias") if attn + "o_proj.bias" in weights else None
+            o_bias = o_bias if tp.first else None
             self.layers.append(
                 LayerWeights(
                     input_norm=norm(prefix + "input_layernorm.weight") if inputs else None,

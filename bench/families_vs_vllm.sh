@@ -4,12 +4,14 @@
 # written by transformers): OLMo 2 (each block's output normed, q and k across heads), SmolLM3
 # (its second layer without RoPE), Phi-4-mini's layer (RoPE on 3/4 of each head, longrope),
 # gpt-oss (attention sinks, biases, experts with a clamped SwiGLU, a sliding then a full layer,
-# yarn). The prompt logprobs of 300 token ids and 32 greedy tokens after them, from each engine.
+# yarn), GLM-4.5 (a dense layer, then experts routed by grouped sigmoid scores beside a shared
+# expert; qkv bias, q/k norms, RoPE on half of each head). The prompt logprobs of 300 token ids
+# and 32 greedy tokens after them, from each engine.
 #   usage: bench/families_vs_vllm.sh [FAMILY...]
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d)
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
-FAMILIES=${*:-olmo2 smollm3 phi4mini gpt_oss}
+FAMILIES=${*:-olmo2 smollm3 phi4mini gpt_oss glm4_moe}
 .venv/bin/python - "$out" $FAMILIES <<'PY' 2>/dev/null
 import sys, torch, transformers
 out, shape = sys.argv[1], dict(vocab_size=4096, hidden_size=256, intermediate_size=512,
@@ -29,11 +31,15 @@ for family in sys.argv[2:]:
             sliding_window=128, layer_types=["sliding_attention", "full_attention"],
             rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=256,
                                  rope_theta=1.5e5, beta_fast=32.0, beta_slow=1.0, truncate=False))),
+        "glm4_moe": lambda: transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(
+            **shape, head_dim=64, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+            moe_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=1,
+            routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
     }[family]()
-    for name, parameter in model.named_parameters():
+    for name, parameter in [*model.named_parameters(), *model.named_buffers()]:
         if name.endswith("norm.weight"):
             parameter.data.uniform_(0.5, 1.5)
-        elif name.endswith(("bias", "sinks")):
+        elif name.endswith(("bias", "sinks", "mlp.gate.weight")):
             parameter.data.normal_(0.0, 0.5)
     model.save_pretrained(f"{out}/{family}")
 PY

@@ -54,19 +54,6 @@ for prompt in ["Write a list of fruits:", "The capital of France is", "def fibon
 PY
 stop_pair
 start_pair "$model" "--dtype bfloat16" "--dtype bfloat16"
-bench() {  # name port seed count [bench args]
-  serve_bench "$1" "$2" "$3" --model "$model" --tokenizer "$model" --dataset-name random \
-    --random-input-len 128 --random-output-len 128 --ignore-eos --num-prompts "$4" \
-    --max-concurrency "$concurrency" --request-rate inf "${@:5}"
-}
+bench() { random_bench "$@"; }
 alternate "$rounds" "$prompts" "$@"
-python3 - "$out" "$rounds" <<'PY'
-import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-tok = {n: [json.load(open(f"{out}/{n}-{r}.json"))["output_throughput"] for r in range(1, rounds + 1)]
-       for n in ("turnstile", "vllm")}
-ratios = [a / b for a, b in zip(tok["turnstile"], tok["vllm"])]
-print(f"median output tok/s: turnstile {statistics.median(tok['turnstile']):.1f}, vLLM-CPU "
-      f"{statistics.median(tok['vllm']):.1f}; ratio {statistics.median(ratios):.2f}x "
-      f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})")
-PY
+medians "$rounds"

@@ -127,6 +127,12 @@ class ModelInfo:
     # sharpened by alpha, up + 1 (`experts.py`); 0: SiLU(gate) * up.
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 0.0
+    # GLM-4.5's (DeepSeek-V3's) router: sigmoid scores chosen within the best of `expert_groups`
+    # groups (0: a softmax router), the weights times `routed_scaling`; shared experts' width.
+    expert_groups: int = 0
+    kept_expert_groups: int = 0
+    routed_scaling: float = 1.0
+    shared_expert_size: int = 0
     # How /v1/embeddings makes a text's vector (`pooling.py`): only "last" is computed; a
     # Matryoshka model's vector may be cut to `dimensions` (any, where none are listed).
     pooling: str = "last"

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
-FAMILIES = ("gemma2", "gemma3_text", "gpt_oss", "granite", "llama", "mistral", "mixtral", "olmo2",
-            "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
-MOE_FAMILIES = ("gpt_oss", "mixtral", "qwen3_moe")
-# Those with biases on q, k and v (Qwen2), and on o too (gpt-oss).
-BIAS_FAMILIES = ("gpt_oss", "qwen2")
+FAMILIES = ("gemma2", "gemma3_text", "glm4_moe", "gpt_oss", "granite", "llama", "mistral",
+            "mixtral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
+MOE_FAMILIES = ("glm4_moe", "gpt_oss", "mixtral", "qwen3_moe")
+# Those with biases on q, k and v (Qwen2, GLM-4.5), and on o too (gpt-oss).
+BIAS_FAMILIES = ("glm4_moe", "gpt_oss", "qwen2")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
@@ -82,10 +82,12 @@ def family_features(config: dict[str, Any]) -> dict[str, Any]:
     # transformers' default for both Gemmas where the config leaves it out
     scale = config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else 0.0
     embed_scale = config["hidden_size"] ** 0.5 if gemma else config.get("embedding_multiplier", 1)
+    # OLMo 2 norms q and k each across all heads; GLM-4.5 per head where `use_qk_norm`
+    per_head = family in QK_NORM_FAMILIES or config.get("use_qk_norm")
+    qk_norm = "all" if family == "olmo2" else "head" if per_head else ""
     return {
         "hidden_act": activation(config),
-        # OLMo 2 norms q and k each across all heads, and each block's output, not its input
-        "qk_norm": "head" if family in QK_NORM_FAMILIES else "all" if family == "olmo2" else "",
+        "qk_norm": qk_norm,
         "layer_windows": layer_windows(config),
         "attention_scale": config.get("attention_multiplier", scale),
         "norm_offset": 1.0 if gemma else 0.0,  # Gemma's norms scale by 1 + weight
@@ -130,25 +132,42 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
     """Mixtral's and gpt-oss's experts on every layer; Qwen3-MoE's on each
     `decoder_sparse_step`-th layer not in `mlp_only_layers`. Mixtral and gpt-oss (a softmax of
     the top-k logits) always scale the top-k weights to sum to 1, Qwen3-MoE where
-    `norm_topk_prob`. gpt-oss's experts' SwiGLU is clamped at `swiglu_limit`."""
+    `norm_topk_prob`. gpt-oss's experts' SwiGLU is clamped at `swiglu_limit`. GLM-4.5's from
+    `first_k_dense_replace` on, routed by DeepSeek-V3's grouped sigmoid, beside shared experts."""
     family = config["model_type"]
     if family not in MOE_FAMILIES:
         return {}
     count = config["num_hidden_layers"]
-    if family != "qwen3_moe":
-        layers: tuple[int, ...] = tuple(range(count))
+    if family == "glm4_moe":
+        layers: tuple[int, ...] = tuple(range(config.get("first_k_dense_replace", 0), count))
+    elif family != "qwen3_moe":
+        layers = tuple(range(count))
     else:
         step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or ()
         layers = tuple(i for i in range(count) if i not in dense and (i + 1) % step == 0)
     return {
-        "num_experts": config.get("num_local_experts") or config["num_experts"],
+        "num_experts": config.get("num_local_experts")
+        or config.get("n_routed_experts")
+        or config["num_experts"],
         "experts_per_token": config["num_experts_per_tok"],
         "expert_intermediate_size": config.get("moe_intermediate_size")
         or config["intermediate_size"],
-        "normalize_expert_weights": family != "qwen3_moe" or bool(config.get("norm_topk_prob")),
+        "normalize_expert_weights": family in ("mixtral", "gpt_oss")
+        or bool(config.get("norm_topk_prob")),
         "expert_layers": layers,
         "swiglu_limit": float(config.get("swiglu_limit") or 0.0),
         "swiglu_alpha": float(config.get("swiglu_alpha") or 0.0),
+        **(_grouped_routing(config) if family == "glm4_moe" else {}),
+    }
+
+
+def _grouped_routing(config: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5's (DeepSeek-V3's) routing and its shared experts' width."""
+    return {
+        "expert_groups": int(config.get("n_group") or 1),
+        "kept_expert_groups": int(config.get("topk_group") or 1),
+        "routed_scaling": float(config.get("routed_scaling_factor", 1.0)),
+        "shared_expert_size": config["moe_intermediate_size"] * config.get("n_shared_experts", 0),
     }
 
 

@@ -25,7 +25,8 @@ def check_sharding(info: ModelInfo, size: int) -> None:
             f"--tensor-parallel-size {size} and the {kv} KV heads: one must divide the other"
         )
     for width, what in ((info.intermediate_size, "MLP's"),
-                        (info.expert_intermediate_size, "experts'")):  # fmt: skip
+                        (info.expert_intermediate_size, "experts'"),
+                        (info.shared_expert_size, "shared experts'")):  # fmt: skip
         if width % size:
             raise ShardingError(
                 f"--tensor-parallel-size {size} does not divide the {what} {width} "

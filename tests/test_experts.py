@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from turnstile.executor_svc.model.experts import Experts
+from turnstile.executor_svc.model.routers import SoftmaxRouter
 
 EXPERTS, HIDDEN, INNER = 8, 64, 32
 
@@ -19,19 +20,19 @@ def _experts(device: str, dtype: torch.dtype, normalize: bool) -> Experts:
     torch.manual_seed(0)
     shapes = ((EXPERTS, HIDDEN), (EXPERTS, 2 * INNER, HIDDEN), (EXPERTS, HIDDEN, INNER))
     router, gate_up, down = (torch.randn(s).to(device=device, dtype=dtype) for s in shapes)
-    return Experts(router, gate_up, down, top_k=3, normalize=normalize,
+    return Experts(SoftmaxRouter(router, None, top_k=3, normalize=normalize), gate_up, down,
                    glu=lambda gate, up: F.silu(gate) * up)  # fmt: skip
 
 
 def _one_by_one(experts: Experts, x: torch.Tensor) -> torch.Tensor:
     """Each token through each of its top-k experts in turn, in float64."""
-    router, gate_up = experts.router.double(), experts.gate_up.transpose(1, 2).double()
+    router, gate_up = experts.router.weight.double(), experts.gate_up.transpose(1, 2).double()
     down = experts.down.transpose(1, 2).double()
     out = torch.zeros_like(x, dtype=torch.float64)
     for t, row in enumerate(x.double()):
         probs = (router @ row).softmax(-1)
-        weights, chosen = probs.topk(experts.top_k)
-        if experts.normalize:
+        weights, chosen = probs.topk(experts.router.top_k)
+        if experts.router.normalize:
             weights = weights / weights.sum()
         for weight, e in zip(weights, chosen, strict=True):
             gate, up = (gate_up[e] @ row).chunk(2)

@@ -75,13 +75,22 @@ def answers(server: Server, model: str) -> list[list[str]]:
 
 # Mixtral: each expert's intermediate dims split, as a dense MLP's. gpt-oss: its sinks split by
 # heads, o's and the experts' down biases added by one rank (its biases and sinks made to count).
-@pytest.mark.parametrize("family", ["Llama", "Mixtral", "GptOss"])
+# GLM-4.5: its shared expert split as a dense MLP, its grouped router whole on each rank.
+FEATURES: dict[str, dict[str, object]] = {
+    "Llama": {},
+    "Mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "GptOss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "Glm4Moe": dict(n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                    moe_intermediate_size=64, first_k_dense_replace=1, attention_bias=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(FEATURES))
 def test_two_ranks_give_the_single_executors_tokens_on_a_tiny_model(
     family: str, tmp_path: Path
 ) -> None:
-    experts = dict(num_local_experts=4, num_experts_per_tok=2) if family != "Llama" else {}
-    folder = tiny_llama(tmp_path, family, **experts)
-    if family == "GptOss":
+    folder = tiny_llama(tmp_path, family, **FEATURES[family])
+    if family != "Llama":
         _randomize_biases(folder / "model.safetensors")
     runs = []
     for size in (1, 2):

@@ -1,7 +1,8 @@
-"""A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss): a router picks each token's top-k
-experts, and every expert's tokens go through it in one grouped matmul a projection
-(`F.grouped_mm`), not a loop per expert or per token. Grouping happens on the device (a sort and
-a search), so a step never waits for the host to learn how many tokens each expert got."""
+"""A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5): a router picks each token's
+top-k experts (`routers.py`), and every expert's tokens go through it in one grouped matmul a
+projection (`F.grouped_mm`), not a loop per expert or per token. Grouping happens on the device
+(a sort and a search), so a step never waits for the host to learn how many tokens each expert
+got."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from turnstile.executor_svc.model.routers import GroupedSigmoidRouter, Router, SoftmaxRouter
 from turnstile.shared.model_info import ModelInfo
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
@@ -48,10 +50,19 @@ def load_experts(
         for e in experts
     ]
     down = [tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts]
-    router = tensor("gate.weight", activation_dtype)
+    top_k, normalize = info.experts_per_token, info.normalize_expert_weights
+    if info.expert_groups:  # GLM-4.5's, in float32 as transformers keeps it
+        router: Router = GroupedSigmoidRouter(
+            tensor("gate.weight", torch.float32), tensor("gate.e_score_correction_bias",
+            torch.float32), top_k, info.expert_groups, info.kept_expert_groups, normalize,
+            info.routed_scaling,
+        )  # fmt: skip
+    else:
+        bias = tensor("gate.bias", activation_dtype) if prefix + "gate.bias" in names else None
+        router = SoftmaxRouter(tensor("gate.weight", activation_dtype), bias, top_k, normalize)
     if prefix + "experts.0.gate_proj.bias" not in names:
-        return Experts(router, torch.stack(gate_up), torch.stack(down), info.experts_per_token,
-                       info.normalize_expert_weights, lambda gate, up: act(gate) * up)  # fmt: skip
+        return Experts(router, torch.stack(gate_up), torch.stack(down),
+                       lambda gate, up: act(gate) * up)  # fmt: skip
     gate_up_bias = [
         torch.cat([tensor(f"experts.{e}.{p}_proj.bias", rows=rows) for p in ("gate", "up")])
         for e in experts
@@ -61,54 +72,43 @@ def load_experts(
     if prefix + "experts.0.down_proj.bias" in names:
         down_bias = torch.stack([tensor(f"experts.{e}.down_proj.bias") for e in experts])
     glu = partial(clamped_swiglu, alpha=info.swiglu_alpha, limit=info.swiglu_limit)
-    biases = (tensor("gate.bias", activation_dtype), torch.stack(gate_up_bias), down_bias)
-    return Experts(router, torch.stack(gate_up), torch.stack(down), info.experts_per_token,
-                   info.normalize_expert_weights, glu, *biases)  # fmt: skip
+    return Experts(router, torch.stack(gate_up), torch.stack(down), glu, torch.stack(gate_up_bias),
+                   down_bias)  # fmt: skip
 
 
 class Experts:
-    __slots__ = ("_experts", "_glu", "biases", "down", "gate_up", "normalize", "router", "top_k")
+    __slots__ = ("_experts", "_glu", "biases", "down", "gate_up", "router")
 
     def __init__(
         self,
-        router: torch.Tensor,
+        router: Router,
         gate_up: torch.Tensor,
         down: torch.Tensor,
-        top_k: int,
-        normalize: bool,
         glu: Gated,
-        router_bias: torch.Tensor | None = None,
         gate_up_bias: torch.Tensor | None = None,
         down_bias: torch.Tensor | None = None,
     ) -> None:
-        """`router` [experts, hidden], in the activations' dtype; `gate_up` [experts, 2 *
-        inner, hidden] (each expert's gate rows, then its up rows); `down` [experts, hidden,
-        inner]: as checkpoints store them. `normalize`: the top-k weights scaled to sum to 1
-        (Mixtral, gpt-oss; Qwen3-MoE's `norm_topk_prob`). `glu(gate, up)`: SiLU(gate) * up,
-        or gpt-oss's. gpt-oss's biases: the router's [experts], each expert's gate-up [experts,
-        2 * inner] and down [experts, hidden]."""
+        """`router` picks each token's experts (`routers.py`); `gate_up` [experts, 2 * inner,
+        hidden] (each expert's gate rows, then its up rows); `down` [experts, hidden, inner]: as
+        checkpoints store them. `glu(gate, up)`: SiLU(gate) * up, or gpt-oss's. gpt-oss's
+        biases: each expert's gate-up [experts, 2 * inner] and down [experts, hidden]."""
         self.router = router
         # grouped_mm multiplies by [experts, in, out]: the stored matrices, transposed views.
         self.gate_up = gate_up.transpose(1, 2)
         self.down = down.transpose(1, 2)
-        self.top_k = top_k
-        self.normalize = normalize
         self._glu = glu
-        self.biases = (router_bias, gate_up_bias, down_bias)
-        self._experts = torch.arange(router.shape[0], device=router.device)
+        self.biases = (gate_up_bias, down_bias)
+        self._experts = torch.arange(gate_up.shape[0], device=gate_up.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for each row of `x` [tokens, hidden], in x's dtype."""
-        # The router's probabilities in float32, as transformers computes them.
-        router_bias, gate_up_bias, down_bias = self.biases
-        probs = F.linear(x, self.router, router_bias).float().softmax(dim=-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        gate_up_bias, down_bias = self.biases
+        weights, chosen = self.router(x)
+        top_k = chosen.shape[1]
         # Each (token, choice) pair a row, grouped by expert: group e ends at ends[e].
         experts, order = chosen.flatten().sort(stable=True)
         ends = torch.searchsorted(experts, self._experts, right=True).to(torch.int32)
-        rows = x[order // self.top_k].to(self.gate_up.dtype)
+        rows = x[order // top_k].to(self.gate_up.dtype)
         gate_up = F.grouped_mm(rows, self.gate_up, offs=ends)
         if gate_up_bias is not None:  # each row's expert's
             gate_up = gate_up + gate_up_bias[experts]
@@ -118,4 +118,4 @@ class Experts:
             out = out + down_bias[experts]
         out = out.float() * weights.flatten()[order, None]
         summed = torch.empty_like(out).index_copy_(0, order, out)
-        return summed.view(x.shape[0], self.top_k, -1).sum(dim=1).to(x.dtype)
+        return summed.view(x.shape[0], top_k, -1).sum(dim=1).to(x.dtype)

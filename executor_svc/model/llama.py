@@ -2,8 +2,8 @@
 (qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 2 and 3 (norms around each
 block, GELU, scaled embeddings and scores, soft-capped logits; Gemma 2's soft-capped attention
 scores, Gemma 3's RoPE of its own for sliding layers);
-Mixtral, Qwen3-MoE and gpt-oss (a mixture of experts in place of the MLP: `experts.py`; gpt-oss's
-biases on q, k, v and o, and its attention sinks).
+Mixtral, Qwen3-MoE, gpt-oss and GLM-4.5 (a mixture of experts in place of the MLP: `experts.py`;
+gpt-oss's biases on q, k, v and o, and its attention sinks; GLM-4.5's shared experts).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -110,18 +110,25 @@ class LlamaModel:
 
         self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
 
-        def mlp(i: int, prefix: str) -> dict[str, Any]:
-            """A layer's dense MLP, or its experts, each expert's rows split as a dense MLP's."""
-            if i in info.expert_layers:
-                rows = tp.intermediate(info.expert_intermediate_size)
-                experts = load_experts(take, names, prefix, info, rows, self._act,
-                                       activation_dtype)  # fmt: skip
-                return {"gate_up": None, "down": None, "experts": experts}
-            gate_up = [take(f"{prefix}{p}_proj.weight", rows=inner) for p in ("gate", "up")]
+        def dense(prefix: str, rows: slice) -> dict[str, Any]:
+            gate_up = [take(f"{prefix}{p}_proj.weight", rows=rows) for p in ("gate", "up")]
             return {
                 "gate_up": projection(stack_rows(gate_up, dtype), None),
-                "down": projection(take(prefix + "down_proj.weight", cols=inner), None),
+                "down": projection(take(prefix + "down_proj.weight", cols=rows), None),
             }
+
+        def mlp(i: int, prefix: str) -> dict[str, Any]:
+            """A layer's dense MLP, or its experts (GLM-4.5's shared ones as `gate_up` and
+            `down`), each expert's rows split as a dense MLP's."""
+            if i not in info.expert_layers:
+                return dense(prefix, inner)
+            rows = tp.intermediate(info.expert_intermediate_size)
+            experts = load_experts(take, names, prefix, info, rows, self._act, activation_dtype)
+            shared = info.shared_expert_size
+            shared_mlp = (
+                dense(prefix + "shared_experts.", tp.intermediate(shared)) if shared else {}
+            )
+            return {"gate_up": None, "down": None, **shared_mlp, "experts": experts}
 
         sandwich = info.norms == "sandwich"  # Gemma: the MLP's input norm has its own name
         mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
@@ -250,7 +257,12 @@ class LlamaModel:
             )
             x = self._rms_norm(hidden, layer.post_norm)
             if layer.experts is not None:
-                hidden = hidden + self.tp.all_reduce(layer.experts(x))
+                routed = layer.experts(x)
+                if layer.gate_up is not None:  # GLM-4.5's shared experts: every token's
+                    assert layer.down is not None
+                    gate, up = layer.gate_up(x).chunk(2, dim=-1)
+                    routed = routed + layer.down(self._act(gate) * up)
+                hidden = hidden + self.tp.all_reduce(routed)
                 continue
             assert layer.gate_up is not None and layer.down is not None
             gate, up = adapt(layer.gate_up(x), x, "gate_up").chunk(2, dim=-1)

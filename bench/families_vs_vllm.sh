@@ -5,13 +5,14 @@
 # (its second layer without RoPE), Phi-4-mini's layer (RoPE on 3/4 of each head, longrope),
 # gpt-oss (attention sinks, biases, experts with a clamped SwiGLU, a sliding then a full layer,
 # yarn), GLM-4.5 (a dense layer, then experts routed by grouped sigmoid scores beside a shared
-# expert; qkv bias, q/k norms, RoPE on half of each head). The prompt logprobs of 300 token ids
-# and 32 greedy tokens after them, from each engine.
+# expert; qkv bias, q/k norms, RoPE on half of each head), Qwen2-MoE (a softmax router beside a
+# shared expert scaled by its sigmoid gate). The prompt logprobs of 300 token ids and 32 greedy
+# tokens after them, from each engine.
 #   usage: bench/families_vs_vllm.sh [FAMILY...]
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d)
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
-FAMILIES=${*:-olmo2 smollm3 phi4mini gpt_oss glm4_moe}
+FAMILIES=${*:-olmo2 smollm3 phi4mini gpt_oss glm4_moe qwen2_moe}
 .venv/bin/python - "$out" $FAMILIES <<'PY' 2>/dev/null
 import sys, torch, transformers
 out, shape = sys.argv[1], dict(vocab_size=4096, hidden_size=256, intermediate_size=512,
@@ -35,11 +36,14 @@ for family in sys.argv[2:]:
             **shape, head_dim=64, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
             moe_intermediate_size=128, n_shared_experts=1, first_k_dense_replace=1,
             routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+        "qwen2_moe": lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+            **shape, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+            shared_expert_intermediate_size=192)),
     }[family]()
     for name, parameter in [*model.named_parameters(), *model.named_buffers()]:
         if name.endswith("norm.weight"):
             parameter.data.uniform_(0.5, 1.5)
-        elif name.endswith(("bias", "sinks", "mlp.gate.weight")):
+        elif name.endswith(("bias", "sinks", "gate.weight")):
             parameter.data.normal_(0.0, 0.5)
     model.save_pretrained(f"{out}/{family}")
 PY

@@ -9,14 +9,15 @@ from typing import Any
 
 # config.json's model_type: the Llama-family decoders the executor computes.
 FAMILIES = ("gemma2", "gemma3_text", "glm4_moe", "gpt_oss", "granite", "llama", "mistral",
-            "mixtral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")  # fmt: skip
-MOE_FAMILIES = ("glm4_moe", "gpt_oss", "mixtral", "qwen3_moe")
+            "mixtral", "olmo2", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+            "smollm3")  # fmt: skip
+MOE_FAMILIES = ("glm4_moe", "gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe")
 # Those with biases on q, k and v (Qwen2, GLM-4.5), and on o too (gpt-oss).
-BIAS_FAMILIES = ("glm4_moe", "gpt_oss", "qwen2")
+BIAS_FAMILIES = ("glm4_moe", "gpt_oss", "qwen2", "qwen2_moe")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 # Families whose attention normalizes each query and key head (RMSNorm) before RoPE.
 QK_NORM_FAMILIES = ("gemma3_text", "qwen3", "qwen3_moe")
-QWEN_FAMILIES = ("qwen2", "qwen3", "qwen3_moe")  # a window only with `use_sliding_window`
+QWEN_FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # a window: `use_sliding_window`
 # Those whose window starts at layer `max_window_layers` (Qwen3-MoE's slides on every layer).
 MAX_WINDOW_LAYERS_FAMILIES = ("qwen2", "qwen3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -133,14 +134,15 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
     `decoder_sparse_step`-th layer not in `mlp_only_layers`. Mixtral and gpt-oss (a softmax of
     the top-k logits) always scale the top-k weights to sum to 1, Qwen3-MoE where
     `norm_topk_prob`. gpt-oss's experts' SwiGLU is clamped at `swiglu_limit`. GLM-4.5's from
-    `first_k_dense_replace` on, routed by DeepSeek-V3's grouped sigmoid, beside shared experts."""
+    `first_k_dense_replace` on, routed by DeepSeek-V3's grouped sigmoid, beside shared experts;
+    Qwen2-MoE's as Qwen3-MoE's, beside a gated shared expert."""
     family = config["model_type"]
     if family not in MOE_FAMILIES:
         return {}
     count = config["num_hidden_layers"]
     if family == "glm4_moe":
         layers: tuple[int, ...] = tuple(range(config.get("first_k_dense_replace", 0), count))
-    elif family != "qwen3_moe":
+    elif family not in ("qwen2_moe", "qwen3_moe"):
         layers = tuple(range(count))
     else:
         step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or ()
@@ -158,16 +160,24 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
         "swiglu_limit": float(config.get("swiglu_limit") or 0.0),
         "swiglu_alpha": float(config.get("swiglu_alpha") or 0.0),
         **(_grouped_routing(config) if family == "glm4_moe" else {}),
+        "shared_expert_size": _shared_expert_size(config),
     }
 
 
+def _shared_expert_size(config: dict[str, Any]) -> int:
+    """The inner dims of the experts every token goes through: GLM-4.5's `n_shared_experts` of
+    `moe_intermediate_size` each, Qwen2-MoE's one (scaled by its own sigmoid gate); 0: none."""
+    if config["model_type"] == "glm4_moe":
+        return int(config["moe_intermediate_size"] * config.get("n_shared_experts", 0))
+    return int(config.get("shared_expert_intermediate_size") or 0)
+
+
 def _grouped_routing(config: dict[str, Any]) -> dict[str, Any]:
-    """GLM-4.5's (DeepSeek-V3's) routing and its shared experts' width."""
+    """GLM-4.5's (DeepSeek-V3's) routing."""
     return {
         "expert_groups": int(config.get("n_group") or 1),
         "kept_expert_groups": int(config.get("topk_group") or 1),
         "routed_scaling": float(config.get("routed_scaling_factor", 1.0)),
-        "shared_expert_size": config["moe_intermediate_size"] * config.get("n_shared_experts", 0),
     }
 
 

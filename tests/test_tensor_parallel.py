@@ -75,13 +75,16 @@ def answers(server: Server, model: str) -> list[list[str]]:
 
 # Mixtral: each expert's intermediate dims split, as a dense MLP's. gpt-oss: its sinks split by
 # heads, o's and the experts' down biases added by one rank (its biases and sinks made to count).
-# GLM-4.5: its shared expert split as a dense MLP, its grouped router whole on each rank.
+# GLM-4.5: its shared expert split as a dense MLP, its grouped router whole on each rank;
+# Qwen2-MoE's alike, its gate on each rank's share.
 FEATURES: dict[str, dict[str, object]] = {
     "Llama": {},
     "Mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "GptOss": dict(num_local_experts=4, num_experts_per_tok=2),
     "Glm4Moe": dict(n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
                     moe_intermediate_size=64, first_k_dense_replace=1, attention_bias=True),
+    "Qwen2Moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                     shared_expert_intermediate_size=96),
 }  # fmt: skip
 
 

@@ -24,6 +24,8 @@ def common_names(weights: Weights, info: ModelInfo) -> Weights:
     """Every family's weights under the names the model reads: Mixtral's experts renamed,
     gpt-oss's unstacked, Phi-3's fused matrices split."""
     weights = _gpt_oss_experts(weights)
+    for name in [n for n in weights if ".mlp.shared_expert." in n]:  # Qwen2-MoE's, as GLM-4.5's
+        weights[name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")] = weights.pop(name)
     for name in [n for n in weights if ".block_sparse_moe." in n]:
         new = name
         for old, common in _MIXTRAL_NAMES.items():

@@ -43,3 +43,4 @@ class LayerWeights:
     rope: int = 0  # which of the model's RoPE tables rotates this layer (Gemma 3: 1, sliding)
     experts: Experts | None = None  # a mixture of experts in place of the dense MLP
     sinks: torch.Tensor | None = None  # gpt-oss: [heads] float32, a logit in each softmax's sum
+    shared_gate: torch.Tensor | None = None  # Qwen2-MoE: [1, hidden], its shared expert's gate

@@ -3,7 +3,8 @@
 block, GELU, scaled embeddings and scores, soft-capped logits; Gemma 2's soft-capped attention
 scores, Gemma 3's RoPE of its own for sliding layers);
 Mixtral, Qwen3-MoE, gpt-oss and GLM-4.5 (a mixture of experts in place of the MLP: `experts.py`;
-gpt-oss's biases on q, k, v and o, and its attention sinks; GLM-4.5's shared experts).
+gpt-oss's biases on q, k, v and o, and its attention sinks; GLM-4.5's and Qwen2-MoE's shared
+experts).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -21,12 +22,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from turnstile.executor_svc.model import rope
 from turnstile.executor_svc.model.attention import AttentionBatch
 from turnstile.executor_svc.model.experts import load_experts
 from turnstile.executor_svc.model.layer_weights import LayerWeights, Weight, stack_rows
 from turnstile.executor_svc.model.lora import LoraBatch
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
-from turnstile.executor_svc.model.rope import interleave_rotary_halves, rope_rotations, rotary_order
 from turnstile.executor_svc.tensor_parallel import SINGLE, TensorParallel
 from turnstile.kernels.quantized_weights import PackedWeight, QuantizedWeight, StackedWeight, pack
 from turnstile.shared.model_info import ModelInfo
@@ -75,10 +76,11 @@ class LlamaModel:
 
         def qkv(attn: str, kind: str) -> Weight:
             q, k, v = (weights[f"{attn}{p}_proj.{kind}"] for p in "qkv")
-            q = interleave_rotary_halves(q, info.num_heads, head_dim, info.rotary_dim)[
-                heads(queries)
-            ]
-            k = interleave_rotary_halves(k, info.num_kv_heads, head_dim, info.rotary_dim)[heads(kv)]
+            pairs = partial(
+                rope.interleave_rotary_halves, head_dim=head_dim, rotary=info.rotary_dim
+            )
+            q = pairs(q, info.num_heads)[heads(queries)]
+            k = pairs(k, info.num_kv_heads)[heads(kv)]
             stacked = stack_rows([q, k, v[heads(kv)]], dtype)
             if isinstance(stacked, QuantizedWeight | StackedWeight):
                 return stacked
@@ -101,7 +103,7 @@ class LlamaModel:
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:
                 return None
-            order = rotary_order(head_dim, info.rotary_dim)
+            order = rope.rotary_order(head_dim, info.rotary_dim)
             heads = {"q": self.num_heads, "k": self.num_kv_heads}
             per_head = {p: weights[f"{attn}{p}_norm.weight"].view(-1, head_dim) for p in "qk"}
             rows = [per_head[p][:, order].expand(heads[p], -1) for p in "qk"]
@@ -118,7 +120,7 @@ class LlamaModel:
             }
 
         def mlp(i: int, prefix: str) -> dict[str, Any]:
-            """A layer's dense MLP, or its experts (GLM-4.5's shared ones as `gate_up` and
+            """A layer's dense MLP, or its experts (shared ones as `gate_up` and
             `down`), each expert's rows split as a dense MLP's."""
             if i not in info.expert_layers:
                 return dense(prefix, inner)
@@ -128,6 +130,8 @@ class LlamaModel:
             shared_mlp = (
                 dense(prefix + "shared_experts.", tp.intermediate(shared)) if shared else {}
             )
+            gate = prefix + "shared_expert_gate.weight"  # Qwen2-MoE's
+            shared_mlp["shared_gate"] = take(gate, activation_dtype) if gate in weights else None
             return {"gate_up": None, "down": None, **shared_mlp, "experts": experts}
 
         sandwich = info.norms == "sandwich"  # Gemma: the MLP's input norm has its own name
@@ -169,10 +173,10 @@ class LlamaModel:
             )
         # cos + i sin per position and frequency, complex64 whatever the model's dtype: the
         # model's, then (Gemma 3) the sliding layers' own.
-        self.rotations = [rope_rotations(info).to(device)]
+        self.rotations = [rope.rope_rotations(info).to(device)]
         if info.local_rope_theta:
             local = replace(info, rope_theta=info.local_rope_theta, rope_scaling=None)
-            self.rotations.append(rope_rotations(local).to(device))
+            self.rotations.append(rope.rope_rotations(local).to(device))
         if info.nope_layers:  # their rotation is the identity
             self.rotations.append(torch.ones_like(self.rotations[0]))
         self.scale = info.attention_scale or info.head_dim**-0.5
@@ -217,14 +221,6 @@ class LlamaModel:
         ]
         return torch.cat(flat, dim=1).view_as(qk)
 
-    def _rotate(self, x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-        """RoPE on heads whose dims are interleaved pairs (`interleave_rotary_halves`)."""
-        pairs = x.unflatten(-1, (-1, 2))
-        if pairs.dtype != torch.float32:  # no complex type pairs with bf16
-            pairs = pairs.float()
-        rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2)
-        return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
-
     def layers_forward(
         self,
         hidden: torch.Tensor,
@@ -248,7 +244,7 @@ class LlamaModel:
             if layer.qk_norm is not None:
                 qk = self._qk_normed(qk) * layer.qk_norm
             # Q and K heads rotate together: one set of ops a layer instead of two.
-            q, k = self._rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
+            q, k = rope.rotate(qk, rotations[layer.rope]).split((heads, kv_heads), dim=1)
             attn = batch.attend(q, k, v, k_cache, v_cache, self.scale, layer.window, self.softcap,
                                 layer.sinks)  # fmt: skip
             attn = attn.reshape(-1, heads * head_dim)
@@ -258,10 +254,13 @@ class LlamaModel:
             x = self._rms_norm(hidden, layer.post_norm)
             if layer.experts is not None:
                 routed = layer.experts(x)
-                if layer.gate_up is not None:  # GLM-4.5's shared experts: every token's
+                if layer.gate_up is not None:  # shared experts, every token's (GLM-4.5, Qwen2-MoE)
                     assert layer.down is not None
                     gate, up = layer.gate_up(x).chunk(2, dim=-1)
-                    routed = routed + layer.down(self._act(gate) * up)
+                    shared = layer.down(self._act(gate) * up)
+                    if layer.shared_gate is not None:  # Qwen2-MoE's
+                        shared = shared * torch.sigmoid(F.linear(x, layer.shared_gate))
+                    routed = routed + shared
                 hidden = hidden + self.tp.all_reduce(routed)
                 continue
             assert layer.gate_up is not None and layer.down is not None

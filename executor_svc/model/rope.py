@@ -93,6 +93,15 @@ def _frequencies(info: ModelInfo, seq_len: int | None = None) -> tuple[torch.Ten
     return inv_freq, float(factor)
 
 
+def rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """RoPE on heads whose dims are interleaved pairs (`interleave_rotary_halves`)."""
+    pairs = x.unflatten(-1, (-1, 2))
+    if pairs.dtype != torch.float32:  # no complex type pairs with bf16
+        pairs = pairs.float()
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2)
+    return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
+
+
 def interleave_rotary_halves(weight: T, heads: int, head_dim: int, rotary: int = 0) -> T:
     """Reorder each head's output dims from (0..d/2-1, d/2..d-1) to (0, d/2, 1, d/2+1, ...),
     d the `rotary` first dims (0: all; the others stay in place).

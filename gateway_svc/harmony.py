@@ -211,7 +211,10 @@ def readers_of(
     chat: ChatCompletionRequest, thinking: bool | None, calls: bool, harmony: bool | None
 ) -> ReasoningReaders | None:
     """A chat's readers: a harmony model's (`harmony`: whether its reasoning is shown, None for
-    another model), or under a `<think>` parser those of an answer `thinking` starts or not."""
-    if harmony is not None:
+    another model), or under a `<think>` parser those of an answer `thinking` starts or not;
+    None where SGLang's `separate_reasoning: false` asks for the answer as written."""
+    if harmony is not None and chat.separate_reasoning:
         return HarmonyReaders(calls, harmony and chat.include_reasoning, chat.stream_reasoning)
+    if harmony is not None:
+        return None
     return None if thinking is None else reasoning_readers(chat, thinking)

@@ -126,6 +126,13 @@ def test_an_earlier_answers_reasoning_reaches_the_template_as_thinking(server: S
     assert lengths[1] == lengths[0] + 9
 
 
+def test_separate_reasoning_false_gives_the_answer_as_written(client: openai.OpenAI) -> None:
+    """SGLang's field: the channels and their markers left in `content`, as for `<think>`."""
+    message = chat(client, extra_body={"separate_reasoning": False}).choices[0].message
+    assert "reasoning" not in (message.model_extra or {})
+    assert message.content == "".join(harmony_model.ANSWER[1:-1])
+
+
 def test_reasoning_effort_reaches_a_template_that_reads_it(client: openai.OpenAI) -> None:
     answer = chat(client, reasoning_effort="low")
     assert answer.choices[0].message.content == harmony_model.CONTENT

@@ -160,7 +160,7 @@ BASE_CONFIG = {
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"model_type": "qwen2_moe"}, "model_type"),  # shared experts: not implemented
+        ({"model_type": "deepseek_v3"}, "model_type"),  # multi-head latent attention: not here
         ({"hidden_act": "relu"}, "hidden_act"),
         ({"model_type": "gemma3_text", "query_pre_attn_scalar": 64,
           "use_bidirectional_attention": True}, "use_bidirectional_attention"),
@@ -248,13 +248,13 @@ def test_each_layers_sliding_window_is_read_as_transformers_reads_it(
 def test_serve_refuses_an_unsupported_model_before_starting_anything(tmp_path: Path) -> None:
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"model_type": "qwen2_moe"}))
+    (tmp_path / "config.json").write_text(json.dumps(BASE_CONFIG | {"model_type": "deepseek_v3"}))
     done = subprocess.run(
         [sys.executable, "-m", "turnstile.cli", "serve", "--model", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "model_type = 'qwen2_moe' is not supported" in done.stderr
+    assert "model_type = 'deepseek_v3' is not supported" in done.stderr
 
 
 def test_a_hugging_face_id_is_found_in_the_local_cache_and_a_missing_one_named(

@@ -129,6 +129,24 @@ def nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i, rotates in enumerate(config.get("no_rope_layers") or ()) if not rotates)
 
 
+# What transformers' config classes take where a config.json leaves a field out (OpenAI's
+# gpt-oss config has no `swiglu_alpha`), for the fields read below; `test_model_info.py` holds
+# them to transformers.
+MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "gpt_oss": {"num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0,
+                "swiglu_alpha": 1.702},
+    "glm4_moe": {"n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
+                 "first_k_dense_replace": 1, "n_shared_experts": 1, "norm_topk_prob": True,
+                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0},
+    "qwen2_moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+}  # fmt: skip
+
+
 def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
     """Mixtral's and gpt-oss's experts on every layer; Qwen3-MoE's on each
     `decoder_sparse_step`-th layer not in `mlp_only_layers`. Mixtral and gpt-oss (a softmax of
@@ -139,13 +157,14 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
     family = config["model_type"]
     if family not in MOE_FAMILIES:
         return {}
+    config = MOE_DEFAULTS[family] | {k: v for k, v in config.items() if v is not None}
     count = config["num_hidden_layers"]
     if family == "glm4_moe":
-        layers: tuple[int, ...] = tuple(range(config.get("first_k_dense_replace", 0), count))
+        layers: tuple[int, ...] = tuple(range(config["first_k_dense_replace"], count))
     elif family not in ("qwen2_moe", "qwen3_moe"):
         layers = tuple(range(count))
     else:
-        step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or ()
+        step, dense = config["decoder_sparse_step"], config["mlp_only_layers"]
         layers = tuple(i for i in range(count) if i not in dense and (i + 1) % step == 0)
     return {
         "num_experts": config.get("num_local_experts")
@@ -155,10 +174,10 @@ def mixture_of_experts(config: dict[str, Any]) -> dict[str, Any]:
         "expert_intermediate_size": config.get("moe_intermediate_size")
         or config["intermediate_size"],
         "normalize_expert_weights": family in ("mixtral", "gpt_oss")
-        or bool(config.get("norm_topk_prob")),
+        or bool(config["norm_topk_prob"]),
         "expert_layers": layers,
-        "swiglu_limit": float(config.get("swiglu_limit") or 0.0),
-        "swiglu_alpha": float(config.get("swiglu_alpha") or 0.0),
+        "swiglu_limit": float(config.get("swiglu_limit", 0.0)),
+        "swiglu_alpha": float(config.get("swiglu_alpha", 0.0)),
         **(_grouped_routing(config) if family == "glm4_moe" else {}),
         "shared_expert_size": _shared_expert_size(config),
     }
@@ -168,16 +187,16 @@ def _shared_expert_size(config: dict[str, Any]) -> int:
     """The inner dims of the experts every token goes through: GLM-4.5's `n_shared_experts` of
     `moe_intermediate_size` each, Qwen2-MoE's one (scaled by its own sigmoid gate); 0: none."""
     if config["model_type"] == "glm4_moe":
-        return int(config["moe_intermediate_size"] * config.get("n_shared_experts", 0))
+        return int(config["moe_intermediate_size"] * config["n_shared_experts"])
     return int(config.get("shared_expert_intermediate_size") or 0)
 
 
 def _grouped_routing(config: dict[str, Any]) -> dict[str, Any]:
     """GLM-4.5's (DeepSeek-V3's) routing."""
     return {
-        "expert_groups": int(config.get("n_group") or 1),
-        "kept_expert_groups": int(config.get("topk_group") or 1),
-        "routed_scaling": float(config.get("routed_scaling_factor", 1.0)),
+        "expert_groups": int(config["n_group"]),
+        "kept_expert_groups": int(config["topk_group"]),
+        "routed_scaling": float(config["routed_scaling_factor"]),
     }
 
 

@@ -99,7 +99,8 @@ def test_mxfp4_values_are_transformers_dequantized_values() -> None:
     blocks = torch.randint(0, 256, (3, 8, 4, 16), dtype=torch.uint8, generator=draw)
     scales = torch.randint(100, 140, (3, 8, 4), dtype=torch.uint8, generator=draw)
     theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # inputs first
-    assert torch.equal(mxfp4_values(blocks, scales).transpose(1, 2), theirs)
+    ours = mxfp4_values(blocks, scales)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours.transpose(1, 2).float(), theirs)
 
 
 def test_mxfp4_is_refused_for_another_family(tmp_path: Path) -> None:

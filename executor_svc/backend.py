@@ -16,10 +16,12 @@ import torch
 
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
+from turnstile.executor_svc.model.experts import Experts, ExpertWeights, MixtureOfExperts
 from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import DenseProjection, Projection
+from turnstile.executor_svc.model.routers import Router
 from turnstile.executor_svc.plan_applier import StepInputs
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.sampler import (
@@ -145,6 +147,9 @@ class Backend(ABC):
         if isinstance(weight, (QuantizedWeight, PackedWeight)):
             raise TypeError(f"the {self.name} backend computes on dequantized weights")
         return DenseProjection(weight, bias)
+
+    def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
+        return Experts(router, weights)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
         """The model, cache and LoRA adapters every later step runs on."""

@@ -70,6 +70,7 @@ class ModelRunner:
             self.backend.activation_dtype(self.dtype),
             self.device,
             self.backend.projection,
+            self.backend.experts,
             self.tp,
         )
         del weights

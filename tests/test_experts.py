@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from turnstile.executor_svc.model.experts import Experts
+from turnstile.executor_svc.model.experts import Experts, ExpertWeights, Glu
 from turnstile.executor_svc.model.routers import SoftmaxRouter
 
 EXPERTS, HIDDEN, INNER = 8, 64, 32
@@ -20,8 +20,8 @@ def _experts(device: str, dtype: torch.dtype, normalize: bool) -> Experts:
     torch.manual_seed(0)
     shapes = ((EXPERTS, HIDDEN), (EXPERTS, 2 * INNER, HIDDEN), (EXPERTS, HIDDEN, INNER))
     router, gate_up, down = (torch.randn(s).to(device=device, dtype=dtype) for s in shapes)
-    return Experts(SoftmaxRouter(router, None, top_k=3, normalize=normalize), gate_up, down,
-                   glu=lambda gate, up: F.silu(gate) * up)  # fmt: skip
+    router = SoftmaxRouter(router, None, top_k=3, normalize=normalize)
+    return Experts(router, ExpertWeights(gate_up, down, Glu("silu")))
 
 
 def _one_by_one(experts: Experts, x: torch.Tensor) -> torch.Tensor:

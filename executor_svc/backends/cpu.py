@@ -1,9 +1,10 @@
 """The CPU backend on the native kernels (`kernels/native/*.c`, AVX2 and FMA): projections on
 weights packed in panels (GGUF blocks requantized for AMX-INT8 tiles where the CPU has them,
 `--cpu-products`), decode attention reading the paged cache in place (a bfloat16 or fp8 one
-on AMX-BF16 tiles where the CPU has them, `--cpu-attention`), and whole decode layers in one call
-for steps of few tokens (`native_decode.py`). Prefill attention is the torch reference's, whose
-batched SDPA does well on long chunks. Figures: docs/benchmarks.md."""
+on AMX-BF16 tiles where the CPU has them, `--cpu-attention`), whole decode layers in one call
+for steps of few tokens (`native_decode.py`), and bf16 experts on AMX-BF16 tiles where the CPU
+has them (`tiled_experts.py`). Prefill attention is the torch reference's, whose batched SDPA
+does well on long chunks. Figures: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ from turnstile.executor_svc.backends.packed_projection import (
     QuantizedProjection,
     TiledProjection,
 )
+from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.executor_svc.model.experts import ExpertWeights, MixtureOfExperts
 from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
+from turnstile.executor_svc.model.routers import Router
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import StepLayout
 from turnstile.kernels import cpu_native, native_attention, native_sampling, reference
@@ -134,6 +138,12 @@ class CpuNativeBackend(Backend):
         if isinstance(weight, PackedWeight):
             return QuantizedProjection([weight], bias)
         return PackedProjection(weight, bias)
+
+    def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
+        """bf16 experts on AMX-BF16 tiles where the CPU has them (`tiled_experts.py`)."""
+        if TiledExperts.takes(weights):
+            return TiledExperts(router, weights)
+        return super().experts(router, weights)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
         super().bind(model, kv_caches, lora)

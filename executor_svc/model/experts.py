@@ -1,23 +1,21 @@
 """A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5): a router picks each token's
-top-k experts (`routers.py`), and every expert's tokens go through it in one grouped matmul a
+top-k experts (`routers.py`), and the backend's experts (`Backend.experts`) run each token
+through them. Here, in torch: every expert's tokens go through it in one grouped matmul a
 projection (`F.grouped_mm`), not a loop per expert or per token. Grouping happens on the device
 (a sort and a search), so a step never waits for the host to learn how many tokens each expert
-got."""
+got. The cpu backend's run on AMX-BF16 tiles: `backends/tiled_experts.py`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from functools import partial
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from turnstile.executor_svc.model.routers import GroupedSigmoidRouter, Router, SoftmaxRouter
 from turnstile.shared.model_info import ModelInfo
-
-Activation = Callable[[torch.Tensor], torch.Tensor]
-Gated = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) -> the down's input
 
 
 def clamped_swiglu(
@@ -29,14 +27,54 @@ def clamped_swiglu(
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
+@dataclass(frozen=True, slots=True)
+class Glu:
+    """The gated activation between an expert's gate-up and down: act(gate) * up ("silu",
+    "gelu_tanh"), or gpt-oss's "clamped_swiglu"."""
+
+    kind: str
+    alpha: float = 0.0
+    limit: float = 0.0
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.kind == "clamped_swiglu":
+            return clamped_swiglu(gate, up, self.alpha, self.limit)
+        return (F.silu(gate) if self.kind == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertWeights:
+    """A layer's experts as checkpoints store them: `gate_up` [experts, 2 * inner, hidden]
+    (each expert's gate rows, then its up rows), `down` [experts, hidden, inner]; gpt-oss's
+    biases [experts, 2 * inner] and [experts, hidden]."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    glu: Glu
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+
+class MixtureOfExperts(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum for each row of `x` [tokens, hidden], in x's dtype."""
+        ...
+
+
+# A backend's experts from a router and the weights (`Backend.experts`).
+ExpertsFactory = Callable[[Router, ExpertWeights], MixtureOfExperts]
+
+
 def load_experts(
     take: Callable[..., Any], names: Container[str], prefix: str, info: ModelInfo, rows: slice,
-    act: Activation, activation_dtype: torch.dtype,
-) -> Experts:  # fmt: skip
+    activation_dtype: torch.dtype, glu: Glu, make: ExpertsFactory,
+) -> MixtureOfExperts:  # fmt: skip
     """One layer's experts from the weights under `prefix` ("model.layers.N.mlp."), each
     expert's inner dimension cut to `rows` (this rank's share), the router in the
-    activations' dtype; `take(name, as_dtype, rows=, cols=)` gives a weight on the device, and
-    `names` are the weights stored (gpt-oss's biases among them)."""
+    activations' dtype, `glu` the dense MLP's (gpt-oss's own where its biases are), made by the
+    backend's `make`; `take(name, as_dtype, rows=, cols=)`
+    gives a weight on the device, and `names` are the weights stored (gpt-oss's biases among
+    them)."""
 
     def tensor(name: str, *dtype: torch.dtype, **share: slice) -> torch.Tensor:
         weight = take(prefix + name, *dtype, **share)
@@ -45,11 +83,11 @@ def load_experts(
         return weight
 
     experts = range(info.num_experts)
-    gate_up = [
+    gate_up = torch.stack([
         torch.cat([tensor(f"experts.{e}.{p}_proj.weight", rows=rows) for p in ("gate", "up")])
         for e in experts
-    ]
-    down = [tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts]
+    ])  # fmt: skip
+    down = torch.stack([tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts])
     top_k, normalize = info.experts_per_token, info.normalize_expert_weights
     if info.expert_groups:  # GLM-4.5's, in float32 as transformers keeps it
         router: Router = GroupedSigmoidRouter(
@@ -61,8 +99,7 @@ def load_experts(
         bias = tensor("gate.bias", activation_dtype) if prefix + "gate.bias" in names else None
         router = SoftmaxRouter(tensor("gate.weight", activation_dtype), bias, top_k, normalize)
     if prefix + "experts.0.gate_proj.bias" not in names:
-        return Experts(router, torch.stack(gate_up), torch.stack(down),
-                       lambda gate, up: act(gate) * up)  # fmt: skip
+        return make(router, ExpertWeights(gate_up, down, glu))
     gate_up_bias = [
         torch.cat([tensor(f"experts.{e}.{p}_proj.bias", rows=rows) for p in ("gate", "up")])
         for e in experts
@@ -71,34 +108,24 @@ def load_experts(
     down_bias = None
     if prefix + "experts.0.down_proj.bias" in names:
         down_bias = torch.stack([tensor(f"experts.{e}.down_proj.bias") for e in experts])
-    glu = partial(clamped_swiglu, alpha=info.swiglu_alpha, limit=info.swiglu_limit)
-    return Experts(router, torch.stack(gate_up), torch.stack(down), glu, torch.stack(gate_up_bias),
-                   down_bias)  # fmt: skip
+    swiglu = Glu("clamped_swiglu", info.swiglu_alpha, info.swiglu_limit)
+    return make(router, ExpertWeights(gate_up, down, swiglu, torch.stack(gate_up_bias), down_bias))
 
 
 class Experts:
-    __slots__ = ("_experts", "_glu", "biases", "down", "gate_up", "router")
+    """In torch: each projection one grouped matmul over every expert's rows."""
 
-    def __init__(
-        self,
-        router: Router,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-        glu: Gated,
-        gate_up_bias: torch.Tensor | None = None,
-        down_bias: torch.Tensor | None = None,
-    ) -> None:
-        """`router` picks each token's experts (`routers.py`); `gate_up` [experts, 2 * inner,
-        hidden] (each expert's gate rows, then its up rows); `down` [experts, hidden, inner]: as
-        checkpoints store them. `glu(gate, up)`: SiLU(gate) * up, or gpt-oss's. gpt-oss's
-        biases: each expert's gate-up [experts, 2 * inner] and down [experts, hidden]."""
+    __slots__ = ("_experts", "biases", "down", "gate_up", "glu", "router")
+
+    def __init__(self, router: Router, weights: ExpertWeights) -> None:
+        """`router` picks each token's experts (`routers.py`)."""
         self.router = router
         # grouped_mm multiplies by [experts, in, out]: the stored matrices, transposed views.
-        self.gate_up = gate_up.transpose(1, 2)
-        self.down = down.transpose(1, 2)
-        self._glu = glu
-        self.biases = (gate_up_bias, down_bias)
-        self._experts = torch.arange(gate_up.shape[0], device=gate_up.device)
+        self.gate_up = weights.gate_up.transpose(1, 2)
+        self.down = weights.down.transpose(1, 2)
+        self.glu = weights.glu
+        self.biases = (weights.gate_up_bias, weights.down_bias)
+        self._experts = torch.arange(weights.gate_up.shape[0], device=weights.gate_up.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for each row of `x` [tokens, hidden], in x's dtype."""
@@ -113,7 +140,7 @@ class Experts:
         if gate_up_bias is not None:  # each row's expert's
             gate_up = gate_up + gate_up_bias[experts]
         gate, up = gate_up.chunk(2, dim=-1)
-        out = F.grouped_mm(self._glu(gate, up), self.down, offs=ends)
+        out = F.grouped_mm(self.glu(gate, up), self.down, offs=ends)
         if down_bias is not None:
             out = out + down_bias[experts]
         out = out.float() * weights.flatten()[order, None]

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.model import rope
 from turnstile.executor_svc.model.attention import AttentionBatch
-from turnstile.executor_svc.model.experts import load_experts
+from turnstile.executor_svc.model.experts import ExpertsFactory, Glu, load_experts
 from turnstile.executor_svc.model.layer_weights import LayerWeights, Weight, stack_rows
 from turnstile.executor_svc.model.lora import LoraBatch
 from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
@@ -45,10 +45,12 @@ class LlamaModel:
         activation_dtype: torch.dtype,
         device: torch.device,
         projection: ProjectionFactory,
+        experts: ExpertsFactory,
         tp: TensorParallel = SINGLE,
     ) -> None:
         """Weights in `dtype` on `device`; activations, norms and the KV cache in
-        `activation_dtype`; each projection made by the backend's `projection`; with `tp`,
+        `activation_dtype`; each projection and layer of experts made by the backend's
+        `projection` and `experts`; with `tp`,
         this rank's share of every layer (`tensor_parallel.py`). A `QuantizedWeight` stays as
         it is (the cpu backend's projections compute on its blocks)."""
         self.info = info
@@ -86,9 +88,10 @@ class LlamaModel:
                 return stacked
             return stacked.to(device=device, dtype=dtype).contiguous()
 
-        def norm(name: str) -> torch.Tensor:
-            """An RMSNorm weight in the activations' dtype (Gemma's scale by 1 + weight)."""
-            return take(name, activation_dtype) + info.norm_offset  # type: ignore[operator]
+        def norm(name: str, present: bool = True) -> Any:
+            """An RMSNorm weight in the activations' dtype (Gemma's scale by 1 + weight), or None
+            where the family has no such norm."""
+            return take(name, activation_dtype) + info.norm_offset if present else None
 
         embed = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
         # Quantized, packed once: its rows looked up there, and a tied head multiplies it.
@@ -110,7 +113,7 @@ class LlamaModel:
             weight = torch.cat(rows).to(device=device, dtype=activation_dtype) + info.norm_offset
             return weight.contiguous()
 
-        self._act = F.silu if info.hidden_act == "silu" else partial(F.gelu, approximate="tanh")
+        self._glu = Glu("silu" if info.hidden_act == "silu" else "gelu_tanh")
 
         def dense(prefix: str, rows: slice) -> dict[str, Any]:
             gate_up = [take(f"{prefix}{p}_proj.weight", rows=rows) for p in ("gate", "up")]
@@ -120,19 +123,20 @@ class LlamaModel:
             }
 
         def mlp(i: int, prefix: str) -> dict[str, Any]:
-            """A layer's dense MLP, or its experts (shared ones as `gate_up` and
-            `down`), each expert's rows split as a dense MLP's."""
+            """A layer's dense MLP, or its experts (shared ones as `gate_up` and `down`), each
+            expert's rows split as a dense MLP's."""
             if i not in info.expert_layers:
                 return dense(prefix, inner)
             rows = tp.intermediate(info.expert_intermediate_size)
-            experts = load_experts(take, names, prefix, info, rows, self._act, activation_dtype)
-            shared = info.shared_expert_size
-            shared_mlp = (
-                dense(prefix + "shared_experts.", tp.intermediate(shared)) if shared else {}
+            routed = load_experts(
+                take, names, prefix, info, rows, activation_dtype, self._glu, experts
             )
+            shared, shared_mlp = info.shared_expert_size, {}
+            if shared:
+                shared_mlp = dense(prefix + "shared_experts.", tp.intermediate(shared))
             gate = prefix + "shared_expert_gate.weight"  # Qwen2-MoE's
             shared_mlp["shared_gate"] = take(gate, activation_dtype) if gate in weights else None
-            return {"gate_up": None, "down": None, **shared_mlp, "experts": experts}
+            return {"gate_up": None, "down": None, **shared_mlp, "experts": routed}
 
         sandwich = info.norms == "sandwich"  # Gemma: the MLP's input norm has its own name
         mlp_input_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
@@ -152,19 +156,15 @@ class LlamaModel:
             o_bias = o_bias if tp.first else None
             self.layers.append(
                 LayerWeights(
-                    input_norm=norm(prefix + "input_layernorm.weight") if inputs else None,
+                    input_norm=norm(prefix + "input_layernorm.weight", inputs),
                     qkv=projection(qkv(attn, "weight"), bias),
                     o_proj=projection(take(attn + "o_proj.weight", cols=heads(queries)), o_bias),
-                    post_norm=norm(f"{prefix}{mlp_input_norm}.weight") if inputs else None,
+                    post_norm=norm(f"{prefix}{mlp_input_norm}.weight", inputs),
                     **mlp(i, prefix + "mlp."),
                     qk_norm=qk_norm(attn),
                     window=info.window(i),
-                    attn_out_norm=norm(prefix + "post_attention_layernorm.weight")
-                    if outputs
-                    else None,
-                    mlp_out_norm=norm(prefix + "post_feedforward_layernorm.weight")
-                    if outputs
-                    else None,
+                    attn_out_norm=norm(prefix + "post_attention_layernorm.weight", outputs),
+                    mlp_out_norm=norm(prefix + "post_feedforward_layernorm.weight", outputs),
                     rope=nope if i in info.nope_layers else int(bool(local and info.window(i))),
                     sinks=take(attn + "sinks", torch.float32, queries)
                     if info.attention_sinks
@@ -257,7 +257,7 @@ class LlamaModel:
                 if layer.gate_up is not None:  # shared experts, every token's (GLM-4.5, Qwen2-MoE)
                     assert layer.down is not None
                     gate, up = layer.gate_up(x).chunk(2, dim=-1)
-                    shared = layer.down(self._act(gate) * up)
+                    shared = layer.down(self._glu(gate, up))
                     if layer.shared_gate is not None:  # Qwen2-MoE's
                         shared = shared * torch.sigmoid(F.linear(x, layer.shared_gate))
                     routed = routed + shared
@@ -266,7 +266,7 @@ class LlamaModel:
             assert layer.gate_up is not None and layer.down is not None
             gate, up = adapt(layer.gate_up(x), x, "gate_up").chunk(2, dim=-1)
             down = partial(adapt, name="down")
-            hidden = self._add_projected(hidden, layer.down, self._act(gate) * up,
+            hidden = self._add_projected(hidden, layer.down, self._glu(gate, up),
                                          layer.mlp_out_norm, down)  # fmt: skip
         return hidden
 

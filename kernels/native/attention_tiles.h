@@ -140,20 +140,6 @@ AMX static inline void dot_tiles(long c, long a, long b) {
 #undef DOT
 }
 
-/* 2^z for z <= 0, to about 1.2e-7 relative (the weights then round to bf16's 3.9e-3): the
- * Taylor polynomial of degree 6 of z's fraction in [-0.5, 0.5], scaled by 2 to its integer part
- * (vscalefps). Below -126 it is taken as 2^-126 (simd.h's e^x clamps at e^-87, about the same). */
-AMX static inline __m512 exp2_negative16(__m512 z) {
-    static const float taylor[] = {1.5403530393e-4f, 1.3333558146e-3f, 9.6181291076e-3f,
-                                   5.5504108665e-2f, 2.4022650696e-1f, 6.9314718056e-1f, 1.0f};
-    z = _mm512_max_ps(z, _mm512_set1_ps(-126.0f));
-    const __m512 n = _mm512_roundscale_ps(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(z, n);
-    __m512 y = _mm512_set1_ps(taylor[0]);
-    for (int k = 1; k < 7; k++) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(taylor[k]));
-    return _mm512_scalef_ps(y, n);
-}
-
 /* A tile's lanes: (row, query head) pairs of `heads` KV heads from `kv` on, each KV head's in
  * turn. Their queries as B tiles of Q.K^T, [KV head][32-dim slice][dim pair][lane][2], each
  * KV head's tiles zero in the other heads' lanes, so that summing every head's products gives

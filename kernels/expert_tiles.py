@@ -11,6 +11,7 @@ from turnstile.kernels import cpu_native
 
 PANEL, CHUNK = 16, 32  # output features a B tile; inputs a B tile (16 pairs)
 GLUS = ("silu", "clamped_swiglu")  # expert_tiles.c's numbers for the gated activations
+PROFILE_LABEL = "native::experts"  # what a profile finds the call by
 _PTR, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
@@ -64,10 +65,11 @@ def run(
     routed = routed.float().contiguous()
     out = x.new_empty(x.shape)
     tokens, top_k = chosen.shape
-    failed = lib.expert_tiles(
-        ctypes.addressof(weights), x.data_ptr(), tokens, top_k, chosen.data_ptr(),
-        routed.data_ptr(), out.data_ptr(),
-    )  # fmt: skip
+    with torch.profiler.record_function(PROFILE_LABEL):
+        failed = lib.expert_tiles(
+            ctypes.addressof(weights), x.data_ptr(), tokens, top_k, chosen.data_ptr(),
+            routed.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
     if failed == -2:
         raise ValueError(f"a chosen expert is out of range 0-{weights.experts - 1}")
     if failed:

@@ -95,6 +95,17 @@ def attention(args: argparse.Namespace) -> None:
         print(f"{case}: {times}{ratio}")
 
 
+def experts(args: argparse.Namespace) -> None:
+    from turnstile.bench.experts_bench import measure
+
+    shape = (args.experts, args.hidden, args.inner, args.top_k)
+    for tokens, paths in measure(args.tokens, *shape, args.repeats).items():
+        times = ", ".join(f"{name} {ms:.3g} ms" for name, ms in paths.items() if name != "apart")
+        ratio = f" (tiles {paths['grouped_mm'] / paths['tiles']:.1f}x)" if "tiles" in paths else ""
+        apart = f", {paths['apart']:.1e} apart" if "apart" in paths else ""
+        print(f"{tokens} tokens: {times}{ratio}{apart}")
+
+
 def gpu(args: argparse.Namespace) -> None:
     import json
 

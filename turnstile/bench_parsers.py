@@ -8,6 +8,7 @@ import typing
 from turnstile.bench_commands import (
     attention,
     compare,
+    experts,
     gpu,
     lora,
     memory,
@@ -146,6 +147,14 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     command.add_argument("--repeats", type=int, default=15)
     command.add_argument("--kv-cache-dtype", default="bfloat16", choices=TILES_CACHES)
     command.set_defaults(handler=attention)
+    command = bench.add_parser(
+        "experts", help="a layer of bf16 experts: torch's grouped matmuls, AMX-BF16 tiles"
+    )
+    command.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 4096])
+    for name, default in (("experts", 16), ("hidden", 512), ("inner", 512), ("top-k", 4)):
+        command.add_argument(f"--{name}", type=int, default=default)
+    command.add_argument("--repeats", type=int, default=7)
+    command.set_defaults(handler=experts)
     command = bench.add_parser("lora", help="a LoRA adapter's cost to a decode step, offline")
     command.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     command.add_argument("--repeats", type=int, default=5)

@@ -1,8 +1,9 @@
 """`turnstile bench projections`: the embedded model's 120 layer matrices (30 layers of qkv, o,
 gate-up, down) multiplied by `rows` rows of activations on each native path this CPU has: dense
-bfloat16 panels (float32 arithmetic), the GGUF file's own Q4_1 blocks on every ISA's tiles, and
-(where the CPU has AMX-INT8) their values requantized for the int8 tiles. Weights as the model
-holds them (random values; the time does not depend on them)."""
+bfloat16 panels (float32 arithmetic; and on AMX-BF16 tiles, the rows rounded to bf16), the GGUF
+file's own Q4_1 blocks on every ISA's tiles, and (where the CPU has AMX-INT8) their values
+requantized for the int8 tiles. Weights as the model holds them (random values; the time does
+not depend on them)."""
 
 from __future__ import annotations
 
@@ -43,15 +44,15 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
     tiles = [t.native_weight() if t else None for t in tiled]
 
     def products(xs: dict[int, torch.Tensor], isa: str | None) -> Callable[[], None]:
-        """All 120 products on `isa`'s quantized tiles, the int8 tiles ("tiles") or (None)
-        the bf16 panels."""
+        """All 120 products on `isa`'s quantized tiles, the int8 tiles ("tiles"), or the bf16
+        panels (None, or "bf16 tiles" on AMX-BF16)."""
 
         def run() -> None:
             for dense_panels, weight, tile, (o, i) in zip(
                 dense, quantized, tiles, shapes, strict=True
             ):
-                if isa is None:
-                    cpu_native.linear(xs[i], dense_panels, o)
+                if isa is None or isa == "bf16 tiles":
+                    cpu_native.linear(xs[i], dense_panels, o, tiles=isa is not None)
                 elif isa == "tiles":
                     cpu_native.linear_weight(xs[i], tile, o)
                 else:
@@ -63,6 +64,8 @@ def measure(rows: list[int], repeats: int = 7) -> dict[int, dict[str, float]]:
     for count in rows:
         xs = {i: torch.randn(count, i, generator=generator) for _, i in shapes}
         report[count] = {"bf16": median_ms(products(xs, None), repeats)}
+        if cpu_native.amx_tiles():
+            report[count]["bf16 tiles"] = median_ms(products(xs, "bf16 tiles"), repeats)
         for isa in cpu_native.usable_isas():
             report[count][f"q4_1 {isa}"] = median_ms(products(xs, isa), repeats)
         if amx:

@@ -53,6 +53,12 @@ class ExecutorConfig:
         "blocks as stored, activations int8 per block of 32; auto: tiles where the CPU has "
         "AMX-INT8",
     )
+    cpu_bf16_products: Literal["auto", "tiles", "rows"] = setting(
+        "auto",
+        "cpu backend, bfloat16 weights: tiles: products and a mixture's experts on AMX-BF16 "
+        "tiles (activations rounded to bf16, fp32 sums); rows: float32 arithmetic on the bf16 "
+        "weights (experts: torch's grouped matmuls); auto: tiles where the CPU has AMX-BF16",
+    )
     enforce_eager: bool = setting(False, "cuda: run decode steps eagerly, not as CUDA graphs")
     seed: int | None = setting(
         None,

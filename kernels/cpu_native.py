@@ -58,18 +58,19 @@ class LoraPair(ctypes.Structure):
 class NativeWeight(ctypes.Structure):
     """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there;
     quantized parts in different formats chained (`rows` features here, then `next`'s); int8
-    tiles with their scales a feature (`scales`)."""
+    tiles with their scales a feature (`scales`); bf16 panels on AMX-BF16 tiles (`tiles`)."""
 
 
 NativeWeight._fields_ = [
     ("data", _PTR), ("bits", _LONG), ("rows", _LONG), ("next", ctypes.POINTER(NativeWeight)),
-    ("scales", _PTR),
+    ("scales", _PTR), ("tiles", _LONG),
 ]  # fmt: skip
 
 
 _SIGNATURES = {
     "linear_f32": [_PTR] * 5 + [_LONG] * 3,
     "linear_bf16": [_PTR] * 5 + [_LONG] * 3,
+    "linear_bf16_tiles": [_PTR] * 5 + [_LONG] * 3,
     "paged_decode_attention": [
         *[_PTR] * 3,
         _LONG,  # the caches' format
@@ -134,27 +135,21 @@ def multiplies(device: torch.device, weight_dtype: torch.dtype) -> bool:
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] (float32 or bfloat16) into panels of 16 output features, each [in][16],
-    zero-padded to whole panels: the layout `linear` streams. A bfloat16 panel's 16 values of
-    an input are stored as 8 pairs (i, i + 8), one pair per 32-bit lane, which gemm.c widens
-    into two vectors of fp32 with a shift and a mask."""
+    """[out, in] (float32 or bfloat16) into panels of 16 output features, zero-padded to whole
+    panels: the layout `linear` streams. A float32 panel is [in][16]; a bfloat16 one
+    [in / 2][16][2], inputs k and k + 1 of an output side by side (the inputs padded to whole
+    pairs): AMX-BF16's B tiles, which gemm.c widens into fp32 with a shift or a mask."""
     out_features, in_features = weight.shape
-    whole, panels = out_features // PANEL, -(-out_features // PANEL)
-    packed = weight.new_empty(panels, in_features, PANEL)
-    order = _BF16_PAIRS if weight.dtype == torch.bfloat16 else slice(None)
-
-    def fill(target: torch.Tensor, rows: torch.Tensor) -> None:  # one pass: half the time
-        target.copy_(rows.reshape(-1, PANEL, in_features)[:, order].transpose(1, 2))
-
-    fill(packed[:whole], weight[: whole * PANEL])
-    if whole < panels:  # the last panel's missing features are zeros
-        last = weight.new_zeros(PANEL, in_features)
-        last[: out_features - whole * PANEL] = weight[whole * PANEL :]
-        fill(packed[whole:], last)
-    return packed
-
-
-_BF16_PAIRS = torch.arange(PANEL).view(2, -1).t().reshape(-1)  # 0, 8, 1, 9, ..., 7, 15
+    panels = -(-out_features // PANEL)
+    pairs = weight.dtype == torch.bfloat16
+    inputs = in_features + (in_features % 2 if pairs else 0)
+    padded = weight
+    if (panels * PANEL, inputs) != weight.shape:
+        padded = weight.new_zeros(panels * PANEL, inputs)
+        padded[:out_features, :in_features] = weight
+    if pairs:
+        return padded.view(panels, PANEL, inputs // 2, 2).transpose(1, 2).contiguous()
+    return padded.view(panels, PANEL, inputs).transpose(1, 2).contiguous()
 
 
 def _product(
@@ -196,11 +191,17 @@ def linear(
     out_features: int,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    tiles: bool = False,
 ) -> torch.Tensor:
-    """`x @ weight.T (+ bias) (+ residual)` in float32, `packed` from `pack_weight`."""
+    """`x @ weight.T (+ bias) (+ residual)` in float32, `packed` from `pack_weight`; `tiles`:
+    a bf16 weight's on AMX-BF16 tiles, x rounded to bf16 (`bf16_tiles.c`; in features a
+    multiple of 32)."""
     lib = library()
     assert lib is not None
     kernel = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
+    if tiles:
+        assert packed.dtype == torch.bfloat16 and x.shape[1] % 32 == 0 and amx_tiles()
+        kernel = lib.linear_bf16_tiles
     return _product(kernel, x, packed.data_ptr(), out_features, bias, residual)
 
 

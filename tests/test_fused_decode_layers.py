@@ -45,6 +45,7 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
                     RunnerConfig,
                     dtype=dtype,
                     kv_cache_dtype=kv_cache_dtype,
+                    cpu_bf16_products="rows",  # on AMX-BF16 tiles every token is fused
                     num_blocks=32,
                     max_num_seqs=4,
                 ),

@@ -78,9 +78,11 @@ class CpuNativeBackend(Backend):
         self.attention_tiles = self._attention_tiles()
         self.attention = native_attention_for(self.attention_tiles) if native else TORCH_ATTENTION
         self.product_tiles = self._product_tiles()
+        self.bf16_tiles = self._bf16_tiles()
         self.kept_blocks = 0  # quantized weights int8 would not keep (Int8Tiles.faithful)
         self._native: NativeDecode | None = None
         self._quantized = False
+        self._rounded = False  # bf16 weights on AMX-BF16 tiles: rows rounded to bf16
 
     def _attention_tiles(self) -> bool:
         """Whether a bf16 cache's attention runs on AMX-BF16 tiles (`--cpu-attention`)."""
@@ -96,16 +98,25 @@ class CpuNativeBackend(Backend):
             raise ValueError("--cpu-products tiles needs a CPU with AMX-INT8 and AVX-512")
         return chosen != "blocks" and cpu_native.amx_int8()
 
+    def _bf16_tiles(self) -> bool:
+        """Whether bf16 weights multiply on AMX-BF16 tiles (`--cpu-bf16-products`)."""
+        chosen = self.config.executor.cpu_bf16_products
+        if chosen == "tiles" and not cpu_native.amx_tiles():
+            raise ValueError("--cpu-bf16-products tiles needs a CPU with AMX-BF16 and AVX512-BF16")
+        return chosen != "rows" and cpu_native.amx_tiles()
+
     def default_dtype(self) -> str:
-        return "bfloat16"  # streamed as bf16, multiplied in fp32 (`PackedProjection`)
+        return "bfloat16"  # streamed as bf16, on AMX-BF16 tiles or in fp32 (`PackedProjection`)
 
     def activation_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         return torch.float32
 
     def kv_cache_dtype(self, activation_dtype: torch.dtype, quantized: bool) -> torch.dtype:
-        """auto on quantized weights: bfloat16, half the bytes decode attention reads (its
-        cost in perplexity: docs/benchmarks.md)."""
-        if quantized and self.config.executor.kv_cache_dtype == "auto":
+        """auto on quantized weights, or bf16 ones on AMX-BF16 tiles: bfloat16, half the bytes
+        decode attention reads (its cost in perplexity: docs/benchmarks.md)."""
+        executor = self.config.executor
+        rounded = self.bf16_tiles and executor.dtype in ("auto", "bfloat16")
+        if (quantized or rounded) and executor.kv_cache_dtype == "auto":
             return torch.bfloat16
         return super().kv_cache_dtype(activation_dtype, quantized)
 
@@ -137,11 +148,12 @@ class CpuNativeBackend(Backend):
             weight = pack(weight)
         if isinstance(weight, PackedWeight):
             return QuantizedProjection([weight], bias)
-        return PackedProjection(weight, bias)
+        tiles = self.bf16_tiles and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0
+        return PackedProjection(weight, bias, tiles)
 
     def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
         """bf16 experts on AMX-BF16 tiles where the CPU has them (`tiled_experts.py`)."""
-        if TiledExperts.takes(weights):
+        if self.bf16_tiles and TiledExperts.takes(weights):
             return TiledExperts(router, weights)
         return super().experts(router, weights)
 
@@ -153,6 +165,7 @@ class CpuNativeBackend(Backend):
             )
         projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
         self._quantized = any(isinstance(p, QUANTIZED) for p in projections)
+        self._rounded = any(isinstance(p, PackedProjection) and p.tiles for p in projections)
         if self._quantized:  # which products they take: the tiles' int8 or the file's blocks
             log.info("quantized projections on %s", "AMX-INT8 tiles" if self.product_tiles
                      else f"their GGUF blocks ({cpu_native.best_isa()})")  # fmt: skip
@@ -163,13 +176,14 @@ class CpuNativeBackend(Backend):
     def route(self, layout: StepLayout) -> Route:
         """With one or a few rows, Python and dispatch cost more than the arithmetic: decode
         rows, and the tokens of short prefill chunks, go through the fused layers. On quantized
-        weights every token does: int8 activations turn two routes' last-bit differences into
-        different codes, so one route keeps a token's result the same bits in any step (a
-        request recomputed after a preemption or an executor's restart, or run alone or
-        batched, generates the same tokens)."""
+        weights, or bf16 ones on AMX-BF16 tiles, every token does: int8 or bf16 activations
+        turn two routes' last-bit differences into different codes, so one route keeps a
+        token's result the same bits in any step (a request recomputed after a preemption or an
+        executor's restart, or run alone or batched, generates the same tokens)."""
         if self._native is None:
             return Route.LAYERS
-        if self._quantized or not len(layout.prefill_rows) or layout.short_prefill():
+        one_route = self._quantized or self._rounded
+        if one_route or not len(layout.prefill_rows) or layout.short_prefill():
             return Route.FUSED  # a LoRA adapter's rows too (`kernels/native/lora.c`)
         split = len(layout.decode_rows) and not layout.inputs.lora_segments
         return Route.SPLIT if split else Route.LAYERS

@@ -17,23 +17,29 @@ from turnstile.kernels.quantized_weights import PackedWeight
 
 class PackedProjection:
     """A projection on the native kernel, in float32 arithmetic whether the weight is float32
-    or bfloat16 (widened in registers: half the bytes a token reads)."""
+    or bfloat16 (widened in registers: half the bytes a token reads); or, `tiles`, a bfloat16
+    weight's on AMX-BF16 tiles, the rows rounded to bf16 (`bf16_tiles.c`), in every route."""
 
-    __slots__ = ("bias", "out_features", "packed")
+    __slots__ = ("bias", "out_features", "packed", "tiles")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, tiles: bool = False
+    ) -> None:
         self.out_features = weight.shape[0]
         self.packed = cpu_native.pack_weight(weight)  # the panels are all a forward needs
         self.bias = None if bias is None else bias.float()
+        self.tiles = tiles
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The residual is added as each output is stored: no separate pass over memory."""
-        return cpu_native.linear(x, self.packed, self.out_features, self.bias, residual)
+        packed, out, bias = self.packed, self.out_features, self.bias
+        return cpu_native.linear(x, packed, out, bias, residual, self.tiles)
 
     def native_weight(self) -> cpu_native.NativeWeight:
         """The panels as the fused decode layers take them."""
         bits = 8 * self.packed.element_size()
-        return cpu_native.NativeWeight(self.packed.data_ptr(), bits, self.out_features)
+        return cpu_native.NativeWeight(self.packed.data_ptr(), bits, self.out_features,
+                                       tiles=self.tiles)  # fmt: skip
 
 
 class QuantizedProjection:

@@ -13,6 +13,8 @@ void linear_f32(const float *x, const float *w, float *y, const float *bias,
                 const float *residual, long M, long N, long K);
 void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  const float *residual, long M, long N, long K);
+int linear_bf16_tiles(const float *x, const uint16_t *w, float *y, const float *bias,
+                      const float *residual, long M, long N, long K);
 int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
                      const float *residual, long M, long N, long K, long ldy, int bits, int isa);
 int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y,
@@ -27,7 +29,8 @@ int paged_decode_attention(const float *q, const void *k_cache, const void *v_ca
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
  * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h), or 8 on AMX-INT8 tiles with a
- * scale a feature (`scales`, int8_tiles.c). Quantized parts stored in different formats (a
+ * scale a feature (`scales`, int8_tiles.c); bfloat16 panels may be multiplied on AMX-BF16 tiles
+ * (`tiles`, bf16_tiles.c). Quantized parts stored in different formats (a
  * file's q and k in Q4_K, v in Q6_K) are chained: `rows` features here (a whole number of
  * panels), then `next`'s. */
 typedef struct Weight {
@@ -35,6 +38,7 @@ typedef struct Weight {
     long bits, rows;
     const struct Weight *next;
     const float *scales;
+    long tiles;
 } Weight;
 
 /* LoRA adapters' pairs on a row's projections (lora.c). */
@@ -67,6 +71,8 @@ int linear_weight(const float *x, const Weight *w, float *y, const float *bias,
                   const float *residual, long M, long N, long K, long isa) {
     if (w->scales) return linear_int8_tiles(x, w->data, w->scales, y, bias, residual, M, N, K, N);
     if (w->bits == 32) linear_f32(x, w->data, y, bias, residual, M, N, K);
+    else if (w->bits == 16 && w->tiles)
+        return linear_bf16_tiles(x, w->data, y, bias, residual, M, N, K);
     else if (w->bits == 16) linear_bf16(x, w->data, y, bias, residual, M, N, K);
     else
         for (long first = 0; w; first += w->rows, w = w->next) {

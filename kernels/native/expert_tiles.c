@@ -7,14 +7,9 @@
  * full, and a row's arithmetic is its own (tiles' rows do not mix), so a token's bits do not
  * depend on the tokens beside it in its step. Figures: docs/benchmarks.md. */
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bf16_tiles.h"
 
-#include "amx.h"
-
-enum { ROWS = 16, PANEL = 16, CHUNK = 32, TILE_ELEMS = 512, GROUP_ROWS = 256 };
+enum { GROUP_ROWS = 256 };
 enum { GLU_SILU = 0, GLU_CLAMPED_SWIGLU = 1 };
 
 typedef struct {
@@ -39,19 +34,6 @@ typedef struct {
     float *out;           /* [pairs][hidden] */
 } Rows;
 
-/* The calling thread's scratch, kept from call to call (fresh pages are faulted and zeroed). */
-static char *scratch(long bytes) {
-    static _Thread_local char *buffer;
-    static _Thread_local long size;
-    if (bytes > size) {
-        free(buffer);
-        size = (bytes + 4095) / 4096 * 4096;
-        buffer = aligned_alloc(64, size);
-        if (!buffer) size = 0;
-    }
-    return buffer;
-}
-
 static inline __m512 sigmoid16(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f);
     /* e = exp(-|x|), which cannot overflow: 1 / (1 + e) for x >= 0, else e / (1 + e) */
@@ -59,38 +41,6 @@ static inline __m512 sigmoid16(__m512 x) {
     const __m512 positive = _mm512_div_ps(one, _mm512_add_ps(one, e));
     const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
     return _mm512_mask_mul_ps(positive, negative, e, positive);
-}
-
-/* Tiles 0-3 hold sums: rows 0-15 of B tile 6's outputs, of 7's, then rows 16-31 of each; the
- * sums of row j of a block of 32 lie at `sums + at(j)` (6's) and 256 floats on (7's). */
-static inline long at(int j) { return (j / ROWS) * 2 * ROWS * PANEL + (j % ROWS) * PANEL; }
-
-/* Rows [row, row + 16 or 32) of A (`stride` bf16 apart) against two B tiles a chunk of 32
- * inputs (`b6`, `b7`, `step` bf16 from one chunk to the next), into `sums`. */
-static void products(const uint16_t *a, long stride, long chunks, int two, const uint16_t *b6,
-                     const uint16_t *b7, long step, float *sums) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (long c = 0; c < chunks; c++) {
-        TILE_LOAD(4, a + c * CHUNK, 2 * stride);
-        TILE_LOAD(6, b6 + c * step, 64);
-        TILE_LOAD(7, b7 + c * step, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-            TILE_LOAD(5, a + ROWS * stride + c * CHUNK, 2 * stride);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, sums, 64);
-    _tile_stored(1, sums + 256, 64);
-    if (two) {
-        _tile_stored(2, sums + 512, 64);
-        _tile_stored(3, sums + 768, 64);
-    }
 }
 
 /* One panel of 16 of the gated activation for a group's rows: gate's and up's products, their
@@ -168,7 +118,7 @@ int expert_tiles(const Experts *w, const float *x, long tokens, long top_k,
     const long most_rows = pairs + experts * (ROWS - 1), most_groups = pairs / GROUP_ROWS + experts;
     const long bytes = sizeof(long) * (2 * experts + most_rows) + sizeof(Group) * most_groups +
                        2 * most_rows * (hidden + inner) + sizeof(float) * pairs * hidden;
-    char *memory = scratch(bytes);
+    char *memory = thread_scratch(bytes);
     if (!memory) return -1;
     long *count = (long *)memory, *start = count + experts, *pair = start + experts;
     Group *groups = (Group *)(pair + most_rows);
@@ -206,11 +156,7 @@ int expert_tiles(const Experts *w, const float *x, long tokens, long top_k,
                 memset(to, 0, 2 * hidden);
                 continue;
             }
-            const float *from = x + pair[i] / top_k * hidden;
-            for (long h = 0; h < hidden; h += 16) {
-                __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(from + h));
-                memcpy(to + h, &half, sizeof half);
-            }
+            round_bf16(x + pair[i] / top_k * hidden, to, hidden);
         }
 #pragma omp for schedule(dynamic)
         for (long t = 0; t < gate_up_tasks; t++)

@@ -1,12 +1,12 @@
 /* y = x @ W.T (+ bias) (+ residual) for float32 activations and float32 or bfloat16 weights,
  * on x86-64 with AVX2 and FMA.
  *
- * W is stored in panels of 16 output features, each panel [K][16] (see `pack_weight` in
- * kernels/cpu_native.py): the inner loop reads one contiguous stream, which the hardware
- * prefetcher keeps ahead of, so a matrix-vector product (decode of one sequence) runs near
- * memory bandwidth, and one panel stays in L2 while every row of x passes over it, so the
- * larger products run near the FMA units' rate. bf16 weights are widened to fp32 in registers:
- * half the bytes to stream, fp32 arithmetic. */
+ * W is stored in panels of 16 output features, each panel [K][16] in float32, [K / 2][16][2] in
+ * bf16 (see `pack_weight` in kernels/cpu_native.py): the inner loop reads one contiguous
+ * stream, which the hardware prefetcher keeps ahead of, so a matrix-vector product (decode of
+ * one sequence) runs near memory bandwidth, and one panel stays in L2 while every row of x
+ * passes over it, so the larger products run near the FMA units' rate. bf16 weights are
+ * widened to fp32 in registers: half the bytes to stream, fp32 arithmetic. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -17,18 +17,31 @@
 
 #define PANEL 16
 
-static inline void load_f32(const float *w, __m256 *lo, __m256 *hi) {
-    *lo = _mm256_loadu_ps(w);
-    *hi = _mm256_loadu_ps(w + 8);
+/* A panel's rows of inputs: a bf16 panel's K padded to whole pairs. */
+#define PANEL_K(WT, K) (sizeof(WT) == 2 ? ((K) + 1) / 2 * 2 : (K))
+
+/* Input k's weights of a panel's 16 outputs. float32 panels are [K][16]. */
+static inline void load_f32(const float *panel, long k, __m256 *lo, __m256 *hi) {
+    *lo = _mm256_loadu_ps(panel + k * PANEL);
+    *hi = _mm256_loadu_ps(panel + k * PANEL + 8);
 }
 
-/* 16 bf16 stored as pairs (i, i + 8) in 32-bit lanes: shifting the low half up gives outputs
- * 0-7 as fp32, masking off the low half gives 8-15. Two cheap ops on ports the FMAs leave
- * free, where widening 8 at a time (vpmovzxwd, then a shift) competes with them. */
-static inline void load_bf16(const uint16_t *w, __m256 *lo, __m256 *hi) {
-    __m256i pairs = _mm256_loadu_si256((const __m256i *)w);
-    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-    *hi = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u)));
+/* bf16 panels are [K / 2][16][2], the layout of AMX-BF16's B tiles: inputs k and k + 1 of an
+ * output side by side in a 32-bit lane. Shifting the lanes up gives input k's fp32 values,
+ * masking off their low halves input k + 1's: cheap ops on a port the FMAs leave free. The
+ * loads of a pair's two inputs read the same lines, from L1 the second time. */
+static inline void load_bf16(const uint16_t *panel, long k, __m256 *lo, __m256 *hi) {
+    const uint16_t *pairs = panel + (k >> 1) * 2 * PANEL;
+    const __m256i low = _mm256_loadu_si256((const __m256i *)pairs);
+    const __m256i high = _mm256_loadu_si256((const __m256i *)(pairs + PANEL));
+    if (k & 1) {
+        const __m256i mask = _mm256_set1_epi32((int)0xFFFF0000u);
+        *lo = _mm256_castsi256_ps(_mm256_and_si256(low, mask));
+        *hi = _mm256_castsi256_ps(_mm256_and_si256(high, mask));
+    } else {
+        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(low, 16));
+        *hi = _mm256_castsi256_ps(_mm256_slli_epi32(high, 16));
+    }
 }
 
 typedef struct {
@@ -72,11 +85,11 @@ static __attribute__((noinline)) void store_tile(const Product *p, long row, int
         const long K = p->K;                                                                   \
         _Pragma("GCC unroll 4") for (long k = 0; k < K; k++) {                                 \
             for (int q = 0; q < PANELS; q++) {                                                 \
-                const WT *w = panel + q * PANEL * K + k * PANEL;                               \
+                const WT *w = panel + q * PANEL * PANEL_K(WT, K);                              \
                 __m256 w_lo, w_hi;                                                             \
                 if (PREFETCH)                                                                  \
-                    _mm_prefetch((const char *)(w + PREFETCH_AHEAD * PANEL), _MM_HINT_T0);     \
-                LOAD(w, &w_lo, &w_hi);                                                         \
+                    _mm_prefetch((const char *)(w + (k + PREFETCH_AHEAD) * PANEL), _MM_HINT_T0); \
+                LOAD(w, k, &w_lo, &w_hi);                                                      \
                 for (int j = 0; j < ROWS; j++) {                                               \
                     __m256 xk = _mm256_broadcast_ss(x + j * (ROW_STEP) + k * (K_STEP));        \
                     lo[q][j] = _mm256_fmadd_ps(w_lo, xk, lo[q][j]);                            \
@@ -133,7 +146,7 @@ static long group_for(long rest) { return rest == 1 ? 4 : rest == 2 ? 2 : 1; }
         const long K = p->K, rows = p->M - row;                                                \
         if (rows == 1 && count == 4) { tile1x4_##SUFFIX(p, panel, rest, first, row); return; }  \
         if (rows == 2 && count == 2) { tile2x2_##SUFFIX(p, panel, rest, first, row); return; }  \
-        for (long q = 0; q < count; q++, panel += PANEL * K, first += PANEL) {                 \
+        for (long q = 0; q < count; q++, panel += PANEL * PANEL_K(WT, K), first += PANEL) {    \
             switch (rows) {                                                                    \
             case 5: tile5_##SUFFIX(p, panel, rest, first, row); break;                         \
             case 4: tile4_##SUFFIX(p, panel, rest, first, row); break;                         \
@@ -164,7 +177,7 @@ static long group_for(long rest) { return rest == 1 ? 4 : rest == 2 ? 2 : 1; }
                 const long first_panel = g * group;                                            \
                 const long count = panels - first_panel < group ? panels - first_panel : group; \
                 for (long q = 0; q < count; q++) {                                             \
-                    const WT *panel = w + (first_panel + q) * PANEL * K;                       \
+                    const WT *panel = w + (first_panel + q) * PANEL * PANEL_K(WT, K);          \
                     const long first = (first_panel + q) * PANEL;                              \
                     for (long row = 0; row < full * TILE_ROWS; row += TILE_ROWS) {             \
                         if (tiles && row == 0) first_packed6_##SUFFIX(&p, panel, tiles, first, 0); \
@@ -173,7 +186,7 @@ static long group_for(long rest) { return rest == 1 ? 4 : rest == 2 ? 2 : 1; }
                     }                                                                          \
                 }                                                                              \
                 const long row = full * TILE_ROWS;                                             \
-                rest_##SUFFIX(&p, w + first_panel * PANEL * K, x + row * K,                   \
+                rest_##SUFFIX(&p, w + first_panel * PANEL * PANEL_K(WT, K), x + row * K,       \
                               first_panel * PANEL, row, count);                                \
             }                                                                                  \
         }                                                                                      \

@@ -20,13 +20,15 @@ from turnstile.shared.settings import build
 from turnstile.shared.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "quality_text.txt"
-# Each path as `turnstile serve` flags: exact float32, bfloat16 weights, the GGUF blocks kept
-# (with their default bfloat16 KV cache, with a float32 one, with fp8 ones, with the bf16
-# cache's attention in float32 rows where AMX tiles would take it, and multiplied as blocks
-# where AMX-INT8 tiles would take their values requantized).
+# Each path as `turnstile serve` flags: exact float32, bfloat16 weights (and, where AMX-BF16 tiles
+# would take them, in float32 arithmetic on a float32 KV cache), the GGUF blocks kept (with their
+# default bfloat16 KV cache, with a float32 one, with fp8 ones, with the bf16 cache's attention
+# in float32 rows where AMX tiles would take it, and multiplied as blocks where AMX-INT8 tiles
+# would take their values requantized).
 PATHS = {
     "float32": dict(dtype="float32", quantization="none"),
     "bfloat16": dict(dtype="bfloat16", quantization="none"),
+    "bfloat16, float32 rows": dict(dtype="bfloat16", quantization="none", cpu_bf16_products="rows"),
     "gguf": dict(quantization="gguf"),
     "gguf, float32 KV": dict(quantization="gguf", kv_cache_dtype="float32"),
     "gguf, fp8 (e4m3) KV": dict(quantization="gguf", kv_cache_dtype="fp8"),

@@ -23,12 +23,18 @@ amx = pytest.mark.skipif(not cpu_native.amx_tiles(), reason="this CPU has no AMX
 def test_the_kv_cache_dtype_is_bfloat16_on_quantized_weights_unless_asked_and_refused_by_name() -> (
     None
 ):
-    """auto: the activations' dtype, bfloat16 where GGUF blocks stay quantized; asked for, the
-    dtype asked; on the cuda backend only the activations' dtype, refused at start else."""
+    """auto: the activations' dtype, bfloat16 where GGUF blocks stay quantized or bf16 weights
+    take AMX-BF16 tiles; asked for, the dtype asked; on the cuda backend only the activations'
+    dtype, refused at start else."""
     info = read_model_info(embedded_model_path())
     cpu = create_backend(build(RunnerConfig), info)
     assert cpu.kv_cache_dtype(torch.float32, quantized=True) == torch.bfloat16
-    assert cpu.kv_cache_dtype(torch.float32, quantized=False) == torch.float32
+    rows = create_backend(build(RunnerConfig, cpu_bf16_products="rows"), info)
+    assert rows.kv_cache_dtype(torch.float32, quantized=False) == torch.float32
+    exact = create_backend(build(RunnerConfig, dtype="float32"), info)
+    assert exact.kv_cache_dtype(torch.float32, quantized=False) == torch.float32
+    tiles = torch.bfloat16 if cpu_native.amx_tiles() else torch.float32
+    assert cpu.kv_cache_dtype(torch.float32, quantized=False) == tiles
     asked = create_backend(build(RunnerConfig, kv_cache_dtype="float16"), info)
     assert asked.kv_cache_dtype(torch.float32, quantized=True) == torch.float16
     for name, dtype in FP8_NAMES.items():  # vLLM's names: fp8 is e4m3

@@ -44,13 +44,17 @@ def test_a_rows_bits_do_not_depend_on_its_batch() -> None:
 
 
 @pytest.mark.slow
-def test_a_bf16_model_on_the_tiles_generates_alike_on_every_route() -> None:
+def test_a_bf16_model_on_the_tiles_generates_alike_on_every_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The embedded model in bfloat16: prompts run together in 32-token chunks with too few KV
     blocks (preempted, recomputed) give each prompt's tokens alone; every token a row of the
-    fused layers, on a bfloat16 KV cache."""
+    fused layers, on a bfloat16 KV cache, even where prefill chunks would take the model's
+    layers (no chunk counted short here)."""
     from conftest import fixed_length_requests
 
     from turnstile.bench.parity_bench import prompt_ids
+    from turnstile.executor_svc import step_layout
     from turnstile.executor_svc.backends.packed_projection import PackedProjection
     from turnstile.executor_svc.runner_config import RunnerConfig
     from turnstile.offline import OfflineEngine
@@ -58,6 +62,7 @@ def test_a_bf16_model_on_the_tiles_generates_alike_on_every_route() -> None:
     from turnstile.shared.protocol import SamplingParams
     from turnstile.shared.settings import build
 
+    monkeypatch.setattr(step_layout, "SHORT_PREFILL_TOKENS", 0)
     requests = fixed_length_requests(prompt_ids()[:4], SamplingParams(), 40)
     crowded = OfflineEngine(build(RunnerConfig, dtype="bfloat16", num_blocks=12, max_num_seqs=4),
                             SchedulingConfig(max_num_batched_tokens=32))  # fmt: skip

@@ -163,7 +163,7 @@ class CpuNativeBackend(Backend):
             self._native = NativeDecode(
                 model.info, model.layers, model.rotations[0], self.attention_tiles
             )
-        projections = (p for layer in model.layers for p in (layer.qkv, layer.down))
+        projections = [p for layer in model.layers for p in (layer.qkv, layer.down)]
         self._quantized = any(isinstance(p, QUANTIZED) for p in projections)
         self._rounded = any(isinstance(p, PackedProjection) and p.tiles for p in projections)
         if self._quantized:  # which products they take: the tiles' int8 or the file's blocks

@@ -43,6 +43,17 @@ def test_a_rows_bits_do_not_depend_on_its_batch() -> None:
                            together[row])  # fmt: skip
 
 
+def test_the_fused_layers_multiply_on_the_same_tiles() -> None:
+    """decode_layer.c's product of a tiled projection's weight: the same bits as its call."""
+    from turnstile.executor_svc.backends.packed_projection import PackedProjection
+
+    torch.manual_seed(2)
+    bias, x = torch.randn(48), torch.randn(21, 64)
+    projection = PackedProjection(torch.randn(48, 64).bfloat16(), bias, tiles=True)
+    fused = cpu_native.linear_weight(x, projection.native_weight(), 48, projection.bias)
+    assert torch.equal(fused, projection(x))
+
+
 @pytest.mark.slow
 def test_a_bf16_model_on_the_tiles_generates_alike_on_every_route(
     monkeypatch: pytest.MonkeyPatch,

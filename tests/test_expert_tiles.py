@@ -108,6 +108,22 @@ def test_only_bf16_experts_of_whole_tiles_take_the_tiles() -> None:
                                                 as_float.glu))  # fmt: skip
 
 
+def test_the_cpu_backend_takes_the_tiles_unless_told_rows() -> None:
+    from turnstile.executor_svc.backends import create_backend
+    from turnstile.executor_svc.model.experts import Experts
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.settings import build
+
+    info = read_model_info(embedded_model_path())
+    weights = _weights(4, 64, 32, Glu("silu"), biases=False)
+    router = SoftmaxRouter(torch.randn(4, 64), None, 2, True)
+    tiles = create_backend(build(RunnerConfig), info)
+    assert isinstance(tiles.experts(router, weights), TiledExperts)
+    rows = create_backend(build(RunnerConfig, cpu_bf16_products="rows"), info)
+    assert isinstance(rows.experts(router, weights), Experts)
+
+
 @pytest.mark.slow  # loads transformers
 def test_a_bf16_gpt_oss_on_the_cpu_backend_runs_its_experts_on_the_tiles(tmp_path: Path) -> None:
     """The first token after each prompt and its top logprobs, against transformers in float32:

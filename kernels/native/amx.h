@@ -3,6 +3,7 @@
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -41,4 +42,17 @@ __attribute__((target("avx512f"))) static inline __m512 exp2_negative16(__m512 z
     __m512 y = _mm512_set1_ps(taylor[0]);
     for (int k = 1; k < 7; k++) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(taylor[k]));
     return _mm512_scalef_ps(y, n);
+}
+
+/* The calling thread's scratch, kept from call to call (fresh pages are faulted and zeroed). */
+static inline char *thread_scratch(long bytes) {
+    static _Thread_local char *buffer;
+    static _Thread_local long size;
+    if (bytes > size) {
+        free(buffer);
+        size = (bytes + 4095) / 4096 * 4096;
+        buffer = aligned_alloc(64, size);
+        if (!buffer) size = 0;
+    }
+    return buffer;
 }

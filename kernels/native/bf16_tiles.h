@@ -13,19 +13,6 @@
 
 enum { ROWS = 16, PANEL = 16, CHUNK = 32, TILE_ELEMS = 512 };
 
-/* The calling thread's scratch, kept from call to call (fresh pages are faulted and zeroed). */
-static inline char *thread_scratch(long bytes) {
-    static _Thread_local char *buffer;
-    static _Thread_local long size;
-    if (bytes > size) {
-        free(buffer);
-        size = (bytes + 4095) / 4096 * 4096;
-        buffer = aligned_alloc(64, size);
-        if (!buffer) size = 0;
-    }
-    return buffer;
-}
-
 /* `count` float32 values (a multiple of 16) rounded to bf16, to nearest even as torch rounds. */
 __attribute__((target("avx512f,avx512bf16"))) static inline void round_bf16(const float *from,
                                                                              uint16_t *to,

@@ -47,20 +47,6 @@ static void quantize_rows(const float *x, long M, long K, long padded_k, int8_t 
     }
 }
 
-/* The calling thread's buffer for the rows' codes, kept from call to call: a fresh one of a
- * few MB was fresh pages, each faulted in and zeroed by the kernel. */
-static int8_t *codes_buffer(long bytes) {
-    static _Thread_local int8_t *buffer;
-    static _Thread_local long size;
-    if (bytes > size) {
-        free(buffer);
-        size = (bytes + 4095) / 4096 * 4096;
-        buffer = aligned_alloc(64, size);
-        if (!buffer) size = 0;
-    }
-    return buffer;
-}
-
 typedef struct {
     const int8_t *hi;
     const uint8_t *lo; /* [rows padded to 16][padded K] */
@@ -154,7 +140,7 @@ static void run_rows(const Product *p, long row, long panel, long second, int tw
 static int run(const float *x, Product p, long K) {
     const long quads = p.quads, padded_k = quads * QUAD_BYTES, M = p.M;
     const long padded = (M + ROWS - 1) / ROWS * ROWS;
-    int8_t *codes = codes_buffer(2 * padded * padded_k + sizeof(float) * padded);
+    int8_t *codes = (int8_t *)thread_scratch(2 * padded * padded_k + sizeof(float) * padded);
     if (!codes) return -1;
     float *sx = (float *)(codes + 2 * padded * padded_k);
     int8_t *hi = codes;

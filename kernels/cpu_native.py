@@ -94,6 +94,7 @@ _SIGNATURES = {
     "linear_quantized": [_PTR] * 5 + [_LONG] * 4 + [ctypes.c_int] * 2,
     "linear_weight": [_PTR] * 5 + [_LONG] * 4,
     "gated_int8_tiles": [_PTR] * 4 + [_LONG] * 3,
+    "gated_bf16_tiles": [_PTR] * 3 + [_LONG] * 3,
     "expert_tiles": [_PTR, _PTR, _LONG, _LONG, _PTR, _PTR, _PTR],
     "silu_and_multiply": [_PTR, _PTR, _LONG, _LONG],
 }

@@ -43,6 +43,25 @@ def test_a_rows_bits_do_not_depend_on_its_batch() -> None:
                            together[row])  # fmt: skip
 
 
+def test_a_gated_product_is_the_whole_product_then_its_silu() -> None:
+    """gated_bf16_tiles (the fused layers' gate-up, SiLU as the sums leave the tiles): the bits
+    of the whole product, then silu_and_multiply."""
+    lib = cpu_native.library()
+    assert lib is not None
+    torch.manual_seed(3)
+    for rows, n, inputs in ((1, 48, 64), (37, 96, 128), (300, 160, 576)):
+        weight, x = (
+            cpu_native.pack_weight(torch.randn(2 * n, inputs).bfloat16()),
+            torch.randn(rows, inputs),
+        )
+        gate_up = cpu_native.linear(x, weight, 2 * n, tiles=True)
+        expected, got = torch.empty(rows, n), torch.empty(rows, n)
+        lib.silu_and_multiply(gate_up.data_ptr(), expected.data_ptr(), rows, n)
+        failed = lib.gated_bf16_tiles(x.data_ptr(), weight.data_ptr(), got.data_ptr(), rows, n,
+                                      inputs)  # fmt: skip
+        assert failed == 0 and torch.equal(got, expected)
+
+
 def test_the_fused_layers_multiply_on_the_same_tiles() -> None:
     """decode_layer.c's product of a tiled projection's weight: the same bits as its call."""
     from turnstile.executor_svc.backends.packed_projection import PackedProjection

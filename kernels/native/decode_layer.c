@@ -15,6 +15,7 @@ void linear_bf16(const float *x, const uint16_t *w, float *y, const float *bias,
                  const float *residual, long M, long N, long K);
 int linear_bf16_tiles(const float *x, const uint16_t *w, float *y, const float *bias,
                       const float *residual, long M, long N, long K);
+int gated_bf16_tiles(const float *x, const uint16_t *w, float *act, long M, long n, long K);
 int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bias,
                      const float *residual, long M, long N, long K, long ldy, int bits, int isa);
 int linear_int8_tiles(const float *x, const int8_t *w, const float *sw, float *y,
@@ -165,8 +166,10 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
     rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
-    if (gate_up->scales && inner % 16 == 0) { /* SiLU in the product's finish */
-        if (gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden))
+    const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
+    if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
+        if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden)
+                 : gated_bf16_tiles(x, gate_up->data, act, rows, inner, s->hidden))
             return -1;
         if (lora && lora_gated(x, gate_up, act, rows, s->hidden, inner, s->adapters, lora[2], isa))
             return -1;

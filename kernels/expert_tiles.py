@@ -31,27 +31,25 @@ def fits(hidden: int, inner: int) -> bool:
     return hidden % CHUNK == 0 and inner % CHUNK == 0
 
 
-def _tiles(weight: torch.Tensor) -> torch.Tensor:
-    """[..., out, in] as B tiles [..., out / 16, in / 32, 16 input pairs, 16 outputs, 2]."""
-    *lead, out, inputs = weight.shape
-    pairs = weight.reshape(*lead, out // PANEL, PANEL, inputs // CHUNK, CHUNK // 2, 2)
-    n = len(lead)
-    order = (*range(n), n, n + 2, n + 3, n + 1, n + 4)
-    return pairs.permute(order).to(torch.bfloat16).contiguous()
-
-
 def pack_gate_up(gate_up: torch.Tensor) -> torch.Tensor:
-    """[experts, 2 * inner, hidden] (each expert's gate rows, then its up rows) as
-    [experts, inner / 16, hidden / 32, gate then up, tile]: a panel's gate and up tiles of a
-    chunk side by side, read in one stream."""
+    """[experts, 2 * inner, hidden] bf16 (each expert's gate rows, then its up rows) as
+    [experts, inner / 16, hidden / 32, gate then up, tile]: each matrix in gemm.c's bf16 panels
+    (`pack_weight`, the tiles' B layout), a panel's gate and up tiles of a chunk side by side,
+    read in one stream."""
     experts, rows, hidden = gate_up.shape
-    halves = _tiles(gate_up.view(experts, 2, rows // 2, hidden))
-    return halves.permute(0, 2, 3, 1, 4, 5, 6).contiguous()
+    inner = rows // 2
+
+    def tiles(weight: torch.Tensor) -> torch.Tensor:
+        return cpu_native.pack_weight(weight).view(inner // PANEL, hidden // CHUNK, -1)
+
+    pairs = gate_up.view(experts, 2, inner, hidden)
+    return torch.stack([torch.stack((tiles(gate), tiles(up)), dim=2) for gate, up in pairs])
 
 
 def pack_down(down: torch.Tensor) -> torch.Tensor:
-    """[experts, hidden, inner] as [experts, hidden / 16, inner / 32, tile]."""
-    return _tiles(down)
+    """[experts, hidden, inner] bf16 as each expert's panels: [experts, hidden / 16, inner / 32,
+    tile]."""
+    return torch.stack([cpu_native.pack_weight(weight) for weight in down])
 
 
 def run(

@@ -59,7 +59,8 @@ def measure(
     The executor's heap settings: without them each call's buffers page-fault afresh, and a
     case could take 75-86 ms where it takes 42-45 (docs/benchmarks.md)."""
     keep_freed_memory()
-    paths = {"rows": False, **({"tiles": True} if cpu_native.amx_tiles() else {})}
+    tiles = cpu_native.amx_tiles() and cache_dtype != torch.float32
+    paths = {"rows": False, **({"tiles": True} if tiles else {})}
     depth = read_model_info(embedded_model_path()).num_layers
     generator = torch.Generator().manual_seed(0)
     report: dict[str, dict[str, float]] = {}

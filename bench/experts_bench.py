@@ -10,6 +10,7 @@ import torch
 from turnstile.bench.timing import median_ms
 from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.experts import Experts, ExpertWeights, Glu
+from turnstile.executor_svc.model.projection import DenseProjection
 from turnstile.executor_svc.model.routers import SoftmaxRouter
 
 
@@ -30,7 +31,9 @@ def measure(
         randn(experts, 2 * inner),
         randn(experts, hidden),
     )
-    router = SoftmaxRouter(torch.randn(experts, hidden, generator=generator), None, top_k, True)
+    router = SoftmaxRouter(
+        DenseProjection(torch.randn(experts, hidden, generator=generator)), top_k, True
+    )
     paths = {"grouped_mm": Experts(router, weights)}
     if TiledExperts.takes(weights):
         paths["tiles"] = TiledExperts(router, weights)

@@ -1,13 +1,13 @@
-"""Decode attention on the CPU, reading the paged cache in place (`kernels/native/attention.c`,
-which the fused layers also call for prompt tokens run as rows). KV writes and long prefill
-chunks stay the torch reference's, whose batched SDPA does well on them."""
+"""Attention on the CPU, reading the paged cache in place (`kernels/native/attention.c`): decode
+rows, and prompt tokens run as rows of their own (as the fused layers run them) where that is
+faster than the torch reference's batched prefill. KV writes stay the reference's."""
 
 from __future__ import annotations
 
 import torch
 
-from turnstile.kernels import cpu_native
-from turnstile.kernels.reference import DecodePlan
+from turnstile.kernels import cpu_native, reference
+from turnstile.kernels.reference import DecodePlan, PrefillPlan
 
 # What attention.c and decode_layer.c read, numbered as their KV formats (simd.h).
 CACHE_DTYPES = (
@@ -77,3 +77,58 @@ def paged_decode_attention(
     if status:
         raise MemoryError("native decode attention could not allocate its scores")
     return out
+
+
+def on_tiles(cache: torch.Tensor, tiles: bool) -> bool:
+    """Whether attention.c takes this cache ([blocks, block_size, kv_heads, head_dim]) on AMX
+    tiles: bf16 or fp8, head_dim a multiple of 32 up to 256, blocks of a multiple of 16."""
+    _, block_size, _, dim = cache.shape
+    tiled = cache.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+    return tiles and tiled and dim % 32 == 0 and dim <= 256 and block_size % 16 == 0
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefillPlan,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    tiles: bool | None = None,
+) -> torch.Tensor:
+    """Prompt chunks' causal attention (`reference.paged_prefill_attention`'s contract): as
+    rows (`prefill_rows`) where the cache is on AMX tiles or the chunk has a window, soft cap
+    or sinks (which leave SDPA for masked matmuls over every padded key); otherwise the
+    reference's. Figures: docs/benchmarks.md, "Prompt tokens as attention rows"."""
+    tiles = cpu_native.amx_tiles() if tiles is None else tiles
+    if on_tiles(k_cache, tiles) or window or softcap or sinks is not None:
+        return prefill_rows(query, k_cache, v_cache, plan, scale, window, softcap, sinks, tiles)
+    return reference.paged_prefill_attention(query, k_cache, v_cache, plan, scale)
+
+
+def prefill_rows(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefillPlan,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    tiles: bool | None = None,
+) -> torch.Tensor:
+    """Each prompt token a row of `paged_decode_attention`, attending its sequence up to
+    itself, as the fused layers run them: a token's bits whatever route computes it."""
+    tokens, rows = query.shape[0], plan.block_tables.shape[0]
+    ends = plan.query_start[1:]
+    owner = torch.repeat_interleave(
+        torch.arange(rows, device=query.device), ends - plan.query_start[:-1], output_size=tokens
+    )
+    # Token t of a row ending at `end` sits `end - t` tokens before the row's KV length.
+    lens = plan.seq_lens[owner] - ends[owner] + torch.arange(tokens, device=query.device) + 1
+    each = DecodePlan(plan.block_tables[owner], lens, k_cache.shape[1])
+    return paged_decode_attention(
+        query, k_cache, v_cache, each, scale, window, softcap, sinks, tiles=tiles
+    )

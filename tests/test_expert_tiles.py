@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.experts import ExpertWeights, Glu, clamped_swiglu
+from turnstile.executor_svc.model.projection import DenseProjection
 from turnstile.executor_svc.model.routers import SoftmaxRouter
 from turnstile.kernels import cpu_native
 
@@ -62,7 +63,7 @@ CASES = {  # experts, hidden, inner, top-k, tokens; the activation, biases
 def test_each_token_gets_its_own_experts_weighted_sum(case: tuple) -> None:
     experts, hidden, inner, top_k, tokens, glu, biases = case
     w = _weights(experts, hidden, inner, glu, biases)
-    router = SoftmaxRouter(torch.randn(experts, hidden), None, top_k, normalize=True)
+    router = SoftmaxRouter(DenseProjection(torch.randn(experts, hidden)), top_k, normalize=True)
     x = torch.randn(tokens, hidden)
     tiled = TiledExperts(router, w)
     weights, chosen = router(x)
@@ -74,11 +75,11 @@ def test_each_token_gets_its_own_experts_weighted_sum(case: tuple) -> None:
 
 
 def test_a_tokens_bits_do_not_depend_on_the_tokens_beside_it() -> None:
-    """Given its experts and weights (the router is torch's matmul, whose bits may vary)."""
+    """Given its experts and weights (the router's own: `test_experts`)."""
     from turnstile.kernels import expert_tiles
 
     w = _weights(8, 64, 96, Glu("clamped_swiglu", 1.702, 2.0), biases=True)
-    router = SoftmaxRouter(torch.randn(8, 64), None, 2, normalize=True)
+    router = SoftmaxRouter(DenseProjection(torch.randn(8, 64)), 2, normalize=True)
     tiled = TiledExperts(router, w)
     x = torch.randn(50, 64)
     weights, chosen = router(x)
@@ -92,7 +93,7 @@ def test_a_tokens_bits_do_not_depend_on_the_tokens_beside_it() -> None:
 def test_an_expert_out_of_range_is_refused() -> None:
     from turnstile.kernels import expert_tiles
 
-    tiled = TiledExperts(SoftmaxRouter(torch.randn(4, 64), None, 2, True),
+    tiled = TiledExperts(SoftmaxRouter(DenseProjection(torch.randn(4, 64)), 2, True),
                          _weights(4, 64, 32, Glu("silu"), biases=False))  # fmt: skip
     chosen = torch.tensor([[0, 4]])
     with pytest.raises(ValueError, match="out of range 0-3"):
@@ -117,7 +118,7 @@ def test_the_cpu_backend_takes_the_tiles_unless_told_rows() -> None:
 
     info = read_model_info(embedded_model_path())
     weights = _weights(4, 64, 32, Glu("silu"), biases=False)
-    router = SoftmaxRouter(torch.randn(4, 64), None, 2, True)
+    router = SoftmaxRouter(DenseProjection(torch.randn(4, 64)), 2, True)
     tiles = create_backend(build(RunnerConfig), info)
     assert isinstance(tiles.experts(router, weights), TiledExperts)
     rows = create_backend(build(RunnerConfig, cpu_bf16_products="rows"), info)
@@ -154,3 +155,34 @@ def test_a_bf16_gpt_oss_on_the_cpu_backend_runs_its_experts_on_the_tiles(tmp_pat
             for result, logits in zip(results, theirs, strict=True)
         )  # fmt: skip
     assert distance["cpu"] <= 2 * distance["torch"], distance
+
+
+@pytest.mark.slow  # loads transformers
+def test_a_bf16_gpt_oss_generates_alike_alone_and_batched(tmp_path: Path) -> None:
+    """Its router (the native projection, whose row's bits alone: `test_experts`), experts (the
+    tiles) and prompts' attention (rows on the tiles) give a token the same bits in any batch:
+    tokens and logprobs alike."""
+    from conftest import fixed_length_requests
+    from test_gpt_oss import _gpt_oss
+    from test_model_families import PROMPTS
+
+    from turnstile.executor_svc.backends.packed_projection import PackedProjection
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.config import SchedulingConfig
+    from turnstile.shared.protocol import SamplingParams
+    from turnstile.shared.settings import build
+
+    _gpt_oss(tmp_path)
+    config = build(RunnerConfig, model=str(tmp_path), dtype="bfloat16", num_blocks=64,
+                   max_num_seqs=4)  # fmt: skip
+    engine = OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=256))
+    layers = engine.runner.model.layers
+    assert all(isinstance(layer.experts.router.logits, PackedProjection) for layer in layers)
+
+    def generate(prompts: list[list[int]]) -> list[tuple]:
+        requests = fixed_length_requests(prompts, SamplingParams(logprobs=5), 12)
+        return [(r.token_ids, r.logprobs) for r in engine.generate(requests)]
+
+    together = generate(PROMPTS)
+    assert [generate([prompt])[0] for prompt in PROMPTS] == together

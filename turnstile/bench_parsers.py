@@ -145,7 +145,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
         "attention", help="a layer's attention over a bf16 cache: float32 rows, AMX tiles"
     )
     command.add_argument("--repeats", type=int, default=15)
-    command.add_argument("--kv-cache-dtype", default="bfloat16", choices=TILES_CACHES)
+    command.add_argument("--kv-cache-dtype", default="bfloat16",
+                         choices=(*TILES_CACHES, "float32"))  # fmt: skip
+    command.add_argument("--prefill", action="store_true",
+                         help="prompt chunks: the torch reference against rows")  # fmt: skip
     command.set_defaults(handler=attention)
     command = bench.add_parser(
         "experts", help="a layer of bf16 experts: torch's grouped matmuls, AMX-BF16 tiles"

@@ -3,8 +3,9 @@ weights packed in panels (GGUF blocks requantized for AMX-INT8 tiles where the C
 `--cpu-products`), decode attention reading the paged cache in place (a bfloat16 or fp8 one
 on AMX-BF16 tiles where the CPU has them, `--cpu-attention`), whole decode layers in one call
 for steps of few tokens (`native_decode.py`), and bf16 experts on AMX-BF16 tiles where the CPU
-has them (`tiled_experts.py`). Prefill attention is the torch reference's, whose batched SDPA
-does well on long chunks. Figures: docs/benchmarks.md."""
+has them (`tiled_experts.py`). Prompt chunks' attention runs each token as a decode row where the
+cache is on the tiles or SDPA cannot take the chunk (a window, soft cap or sinks), and is the
+torch reference's batched SDPA elsewhere. Figures: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ NATIVE_DTYPES = ("float32", "bfloat16", "auto")
 
 
 def native_attention_for(tiles: bool) -> PagedAttention:
-    """Decode attention reads the paged cache in place (a bf16 or fp8 one on AMX tiles where
-    `tiles`); KV writes and prefill stay the reference's."""
+    """Attention reads the paged cache in place (a bf16 or fp8 one on AMX tiles where
+    `tiles`), prompt tokens as rows where that is faster; KV writes stay the reference's."""
     decode = functools.partial(native_attention.paged_decode_attention, tiles=tiles)
-    return PagedAttention(reference.write_kv, decode, reference.paged_prefill_attention)
+    prefill = functools.partial(native_attention.paged_prefill_attention, tiles=tiles)
+    return PagedAttention(reference.write_kv, decode, prefill)
 
 
 class CpuNativeBackend(Backend):

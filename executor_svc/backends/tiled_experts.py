@@ -1,7 +1,7 @@
 """The cpu backend's mixture of experts on AMX-BF16 tiles (`kernels/native/expert_tiles.c`): the
-router in torch, then every expert's rows, their activation and the weighted sum in one native
-call. For bfloat16 experts on a CPU with AMX-BF16; elsewhere the torch experts' grouped matmuls
-(`model/experts.py`). Figures: docs/benchmarks.md."""
+router (its logits the backend's projection), then every expert's rows, their activation and
+the weighted sum in one native call. For bfloat16 experts on a CPU with AMX-BF16; elsewhere the
+torch experts' grouped matmuls (`model/experts.py`). Figures: docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from turnstile.executor_svc.model.projection import ProjectionFactory
 from turnstile.executor_svc.model.routers import GroupedSigmoidRouter, Router, SoftmaxRouter
 from turnstile.shared.model_info import ModelInfo
 
@@ -67,14 +68,14 @@ ExpertsFactory = Callable[[Router, ExpertWeights], MixtureOfExperts]
 
 def load_experts(
     take: Callable[..., Any], names: Container[str], prefix: str, info: ModelInfo, rows: slice,
-    activation_dtype: torch.dtype, glu: Glu, make: ExpertsFactory,
+    activation_dtype: torch.dtype, glu: Glu, make: ExpertsFactory, projection: ProjectionFactory,
 ) -> MixtureOfExperts:  # fmt: skip
     """One layer's experts from the weights under `prefix` ("model.layers.N.mlp."), each
     expert's inner dimension cut to `rows` (this rank's share), the router in the
     activations' dtype, `glu` the dense MLP's (gpt-oss's own where its biases are), made by the
-    backend's `make`; `take(name, as_dtype, rows=, cols=)`
-    gives a weight on the device, and `names` are the weights stored (gpt-oss's biases among
-    them)."""
+    backend's `make`, the router's logits by its `projection`; `take(name, as_dtype, rows=,
+    cols=)` gives a weight on the device, and `names` are the weights stored (gpt-oss's biases
+    among them)."""
 
     def tensor(name: str, *dtype: torch.dtype, **share: slice) -> torch.Tensor:
         weight = take(prefix + name, *dtype, **share)
@@ -90,14 +91,15 @@ def load_experts(
     down = torch.stack([tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts])
     top_k, normalize = info.experts_per_token, info.normalize_expert_weights
     if info.expert_groups:  # GLM-4.5's, in float32 as transformers keeps it
-        router: Router = GroupedSigmoidRouter(
-            tensor("gate.weight", torch.float32), tensor("gate.e_score_correction_bias",
-            torch.float32), top_k, info.expert_groups, info.kept_expert_groups, normalize,
-            info.routed_scaling,
-        )  # fmt: skip
+        logits = projection(tensor("gate.weight", torch.float32), None)
+        correction = tensor("gate.e_score_correction_bias", torch.float32)
+        groups = (info.expert_groups, info.kept_expert_groups)
+        router: Router = GroupedSigmoidRouter(logits, correction, top_k, *groups, normalize,
+                                              info.routed_scaling)  # fmt: skip
     else:
         bias = tensor("gate.bias", activation_dtype) if prefix + "gate.bias" in names else None
-        router = SoftmaxRouter(tensor("gate.weight", activation_dtype), bias, top_k, normalize)
+        logits = projection(tensor("gate.weight", activation_dtype), bias)
+        router = SoftmaxRouter(logits, top_k, normalize)
     if prefix + "experts.0.gate_proj.bias" not in names:
         return make(router, ExpertWeights(gate_up, down, glu))
     gate_up_bias = [

@@ -129,7 +129,7 @@ class LlamaModel:
                 return dense(prefix, inner)
             rows = tp.intermediate(info.expert_intermediate_size)
             routed = load_experts(
-                take, names, prefix, info, rows, activation_dtype, self._glu, experts
+                take, names, prefix, info, rows, activation_dtype, self._glu, experts, projection
             )
             shared, shared_mlp = info.shared_expert_size, {}
             if shared:

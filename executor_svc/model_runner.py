@@ -13,12 +13,13 @@ from turnstile.executor_svc.backend import DTYPES, DeviceStep
 from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.cpu_runtime import zero_pages
 from turnstile.executor_svc.grammar import Grammars
+from turnstile.executor_svc.kv_cache_size import kv_cache_bytes
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
-from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.executor_svc.runner_config import ExecutorConfig, RunnerConfig
 from turnstile.executor_svc.sampler import Logprobs, Sampled, SamplingArrays
 from turnstile.executor_svc.staging import Staging
 from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep, StepInFlight
@@ -75,7 +76,7 @@ class ModelRunner:
         )
         del weights
         self.kv_dtype = self.backend.kv_cache_dtype(self.model.activation_dtype, self.quantized)
-        self.num_blocks = executor.num_blocks or self._blocks_for(executor.kv_cache_gib)
+        self.num_blocks = executor.num_blocks or self._blocks_for(executor)
         shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
         self.kv_caches = [
@@ -124,11 +125,13 @@ class ModelRunner:
             return zero_pages(shape, self.kv_dtype)
         return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
-    def _blocks_for(self, gib: float) -> int:
+    def _blocks_for(self, executor: ExecutorConfig) -> int:
+        """The blocks the KV cache's memory holds (`kv_cache_size.py`), alike on every rank."""
         info = self.info
         per_block = 2 * info.num_layers * self.config.engine.block_size * self.model.num_kv_heads
         per_block *= info.head_dim * self.kv_dtype.itemsize
-        return max(1, int(gib * 2**30) // per_block)
+        memory = kv_cache_bytes(executor, self.device, self.tp.size)
+        return self.tp.fewest(max(1, memory // per_block), self.device)
 
     def upload(self, inputs: StepInputs, carry: Carry | None = None) -> DeviceStep:
         """The step onto the device, with its rows' sampling parameters."""

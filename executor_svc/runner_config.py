@@ -66,7 +66,18 @@ class ExecutorConfig:
         "the same order (vLLM's flag); none: fresh at each start",
     )
     kv_cache_gib: float = setting(1.5, "memory for the KV cache")
-    num_blocks: int | None = setting(None, "KV blocks to allocate (overrides --kv-cache-gib)")
+    gpu_memory_utilization: float | None = setting(
+        None,
+        "the share of the device's memory this executor may hold (a CPU's: the machine's or "
+        "container's, split among the ranks), the KV cache taking what the loaded model leaves "
+        "of it (vLLM's flag; vLLM's default, 0.92, is not ours: --kv-cache-gib unless given)",
+    )
+    kv_cache_memory_bytes: int | None = setting(
+        None,
+        "memory for the KV cache in bytes (vLLM's flag; on a CPU, vLLM-CPU's "
+        "$VLLM_CPU_KVCACHE_SPACE in GiB too); overrides --gpu-memory-utilization, --kv-cache-gib",
+    )
+    num_blocks: int | None = setting(None, "KV blocks to allocate (overrides the memory flags)")
     rank: int = setting(0, "this executor's rank among --tensor-parallel-size ranks")
     distributed_init_method: str = setting(
         "tcp://127.0.0.1:29517", "where the ranks meet to form their group (torch.distributed)"
@@ -74,6 +85,13 @@ class ExecutorConfig:
     distributed_timeout: float = setting(
         60.0, "seconds a collective waits for every rank before it fails (a rank that died)"
     )
+
+    def __post_init__(self) -> None:
+        fraction, memory = self.gpu_memory_utilization, self.kv_cache_memory_bytes
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")
+        if memory is not None and memory <= 0:
+            raise ValueError(f"--kv-cache-memory-bytes must be positive, got {memory}")
 
 
 @dataclass(slots=True, frozen=True)

@@ -55,6 +55,14 @@ class TensorParallel:
             seed = int(shared)
         return seed
 
+    def fewest(self, count: int, device: torch.device) -> int:
+        """The smallest of every rank's `count` (each sizes its KV cache from its own memory)."""
+        if self.size == 1:
+            return count
+        least = torch.tensor([count], device=device)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN)
+        return int(least)
+
     # Shapes of this rank's share.
 
     def heads(self, info: ModelInfo) -> tuple[slice, slice]:

@@ -224,3 +224,23 @@ def test_a_rank_started_with_other_num_blocks_is_refused_by_name(tmp_path: Path)
         for process in processes:
             process.kill()
             process.wait()
+
+
+def test_ranks_sized_by_their_memory_agree_on_the_fewest_blocks(tmp_path: Path) -> None:
+    """`--gpu-memory-utilization` on a CPU: each rank gets its share of the machine less what
+    its own process holds, which differs between ranks; they size their caches alike, the
+    fewest blocks any one could hold, so the scheduler takes both (it refuses ranks that
+    differ). A share of 1.5 GiB a rank: the cache's pages become resident only as used."""
+    import torch
+
+    from turnstile.executor_svc.kv_cache_size import GIB, device_memory
+
+    folder = tiny_llama(tmp_path)
+    fraction = 2 * 1.5 * GIB / device_memory(torch.device("cpu"))[0]
+    share = ("--gpu-memory-utilization", f"{fraction:.4f}")
+    with launched_server("--model", str(folder), "--tensor-parallel-size", "2", "--dtype",
+                         "float32", *share) as server:  # fmt: skip
+        blocks = server.scrape()["turnstile:kv_cache_total_blocks"]
+        assert answers(server, folder.name)[0][0]
+    per_block = 2 * 2 * 16 * 1 * 32 * 4  # K and V, 2 layers, 16 tokens, a KV head a rank, fp32
+    assert 0.5 * GIB < blocks * per_block < 1.5 * GIB

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
@@ -150,6 +151,10 @@ class Backend(ABC):
 
     def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
         return Experts(router, weights)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x * rsqrt(mean(x^2) + eps) * weight over the last dim, for the model's layers."""
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
         """The model, cache and LoRA adapters every later step runs on."""

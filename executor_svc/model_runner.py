@@ -72,6 +72,7 @@ class ModelRunner:
             self.device,
             self.backend.projection,
             self.backend.experts,
+            self.backend.rms_norm,
             self.tp,
         )
         del weights

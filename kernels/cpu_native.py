@@ -97,10 +97,11 @@ _SIGNATURES = {
     "gated_bf16_tiles": [_PTR] * 3 + [_LONG] * 3,
     "expert_tiles": [_PTR, _PTR, _LONG, _LONG, _PTR, _PTR, _PTR],
     "silu_and_multiply": [_PTR, _PTR, _LONG, _LONG],
+    "rms_norm_rows": [_PTR, _PTR, _PTR, _LONG, _LONG, _FLOAT],
 }
 # What the functions that do not answer a status (0, or -1 where they could not allocate) answer.
 _VOID = ("linear_f32", "linear_bf16", "round_kv", "argmax_rows", "race_rows",
-         "silu_and_multiply")  # fmt: skip
+         "silu_and_multiply", "rms_norm_rows")  # fmt: skip
 _RESULTS = dict.fromkeys(_VOID) | {"decode_layer_scratch": _LONG}
 # The quantized product's tiles, as simd.h numbers them: 256-bit without VNNI, 256-bit
 # VNNI (AVX-VNNI, or AVX512-VL's encoding of it), 512-bit VNNI.
@@ -204,6 +205,18 @@ def linear(
         assert packed.dtype == torch.bfloat16 and x.shape[1] % 32 == 0 and amx_tiles()
         kernel = lib.linear_bf16_tiles
     return _product(kernel, x, packed.data_ptr(), out_features, bias, residual)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.rms_norm` over the last dim of float32 `x` ([..., n]) by float32 `weight` [n], as
+    the fused layers norm (`rms_norm.c`)."""
+    lib = library()
+    assert lib is not None
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.rms_norm_rows(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps)
+    return out
 
 
 @functools.cache

@@ -46,14 +46,15 @@ class LlamaModel:
         device: torch.device,
         projection: ProjectionFactory,
         experts: ExpertsFactory,
+        rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor],
         tp: TensorParallel = SINGLE,
     ) -> None:
         """Weights in `dtype` on `device`; activations, norms and the KV cache in
-        `activation_dtype`; each projection and layer of experts made by the backend's
-        `projection` and `experts`; with `tp`,
-        this rank's share of every layer (`tensor_parallel.py`). A `QuantizedWeight` stays as
-        it is (the cpu backend's projections compute on its blocks)."""
-        self.info = info
+        `activation_dtype`; projections, layers of experts and RMSNorm the backend's
+        (`projection`, `experts`, `rms_norm(x, weight, eps)`); with `tp`, this rank's share of
+        every layer (`tensor_parallel.py`). A `QuantizedWeight` stays as it is (the cpu
+        backend's projections compute on its blocks)."""
+        self.info, self._norm = info, rms_norm
         self.dtype = dtype
         self.activation_dtype = activation_dtype
         self.tp = tp
@@ -205,9 +206,7 @@ class LlamaModel:
         return self._rms_norm(hidden, self.norm)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        return (
-            x if weight is None else F.rms_norm(x, (x.shape[-1],), weight, self.info.rms_norm_eps)
-        )
+        return x if weight is None else self._norm(x, weight, self.info.rms_norm_eps)
 
     def _qk_normed(self, qk: torch.Tensor) -> torch.Tensor:
         """[tokens, heads + kv_heads, head_dim], each head normed; OLMo 2: q, then k, across

@@ -27,6 +27,8 @@ int paged_decode_attention(const float *q, const void *k_cache, const void *v_ca
                            long rows, long heads, long kv_heads, long dim, long block_size,
                            float scale, long window, float softcap, const float *sinks,
                            long isa, long tiles);
+void rms_norm_rows(const float *x, const float *weight, float *out, long rows, long n,
+                   float eps);
 
 /* A projection's packed weight and the bits a value takes there: 32 (float32 panels), 16
  * (bfloat16 panels), 8, 6 or 4 (quantized panels, quantized.h), or 8 on AMX-INT8 tiles with a
@@ -91,20 +93,6 @@ long decode_layer_scratch(long rows, long hidden, long intermediate, long heads,
     return rows * ((heads + 2 * kv_heads) * dim + 2 * heads * dim + hidden + 3 * intermediate);
 }
 
-/* Same formula as torch's rms_norm: x * rsqrt(mean(x^2) + eps) * weight. Rows in parallel
- * (as everything per row here): a serial part leaves the other threads spinning. */
-static void rms_norm(const float *x, const float *weight, float *out, long rows, long n,
-                     float eps) {
-#pragma omp parallel for if (rows >= 8)
-    for (long r = 0; r < rows; r++) {
-        const float *row = x + r * n;
-        float sum = 0.0f, *to = out + r * n;
-        for (long i = 0; i < n; i++) sum += row[i] * row[i];
-        float inverse = 1.0f / sqrtf(sum / n + eps);
-        for (long i = 0; i < n; i++) to[i] = row[i] * inverse * weight[i];
-    }
-}
-
 /* Each query and key head RMS-normed where the model has `qk_norm` ([heads + kv_heads][dim],
  * Qwen3), RoPE on heads whose dims are stored as (re, im) pairs (see interleave_rotary_halves
  * in executor_svc/model/llama.py), then the queries into `queries` and K and V into the cache. */
@@ -118,7 +106,7 @@ static void rotate_and_cache(const Step *s, float *projected, const float *qk_no
         const float *turn = s->rotations + r * dim;
         for (long h = 0; h < s->heads + s->kv_heads; h++) {
             float *pair = qkv + h * dim;
-            if (qk_norm) rms_norm(pair, qk_norm + h * dim, pair, 1, dim, s->eps);
+            if (qk_norm) rms_norm_rows(pair, qk_norm + h * dim, pair, 1, dim, s->eps);
             for (long i = 0; i < dim; i += 2) {
                 float re = pair[i], im = pair[i + 1], c = turn[i], sn = turn[i + 1];
                 pair[i] = re * c - im * sn;
@@ -154,7 +142,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     float *projected = s->scratch, *queries = projected + rows * qkv_width;
     float *attn = queries + rows * q_width, *x = attn + rows * q_width;
     float *gu = x + rows * s->hidden, *act = gu + rows * 2 * inner;
-    rms_norm(hidden, input_norm, x, rows, s->hidden, s->eps);
+    rms_norm_rows(hidden, input_norm, x, rows, s->hidden, s->eps);
     if (linear_weight(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
         return -1;
     if (lora) lora_add(x, projected, rows, s->hidden, qkv_width, qkv_width, s->adapters, lora[0]);
@@ -165,7 +153,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
         return -1;
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
-    rms_norm(hidden, post_norm, x, rows, s->hidden, s->eps);
+    rms_norm_rows(hidden, post_norm, x, rows, s->hidden, s->eps);
     const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
     if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
         if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden)

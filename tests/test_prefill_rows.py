@@ -34,10 +34,11 @@ def _chunks(cache_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Prefi
     return k_cache, v_cache, plan, query, each
 
 
-def _as_decode_rows(
-    cache_dtype: torch.dtype, extras: tuple, tiles: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunks' attention as prefill, and each token as a decode row of its own."""
+def _decode_rows_bits_near_the_reference(
+    cache_dtype: torch.dtype, extras: tuple, tiles: bool, atol: float
+) -> None:
+    """The chunks' attention as prefill: each token's bits as a decode row of its own, within
+    `atol` of the torch reference's prefill."""
     k_cache, v_cache, plan, query, each = _chunks(cache_dtype)
     owner = torch.repeat_interleave(torch.arange(len(CHUNKS)), plan.query_start.diff())
     rows = reference.plan_decode(plan.block_tables[owner], each, 16)
@@ -48,7 +49,9 @@ def _as_decode_rows(
     decode = native_attention.paged_decode_attention(
         query, k_cache, v_cache, rows, *args, tiles=tiles
     )
-    return prefill, decode
+    assert torch.equal(prefill, decode)
+    expected = reference.paged_prefill_attention(query, k_cache, v_cache, plan, *args)
+    torch.testing.assert_close(prefill, expected, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
@@ -59,11 +62,7 @@ def test_a_chunks_tokens_get_their_decode_rows_bits_and_the_references_numbers(
     """Off the tiles, so on any CPU: the same bits as each token decoded (so a token's result
     does not depend on the route that computed it), within 5e-5 of the torch reference (the
     soft cap's tanh is not torch's to the last bit)."""
-    prefill, decode = _as_decode_rows(cache_dtype, extras, tiles=False)
-    assert torch.equal(prefill, decode)
-    k_cache, v_cache, plan, query, _ = _chunks(cache_dtype)
-    expected = reference.paged_prefill_attention(query, k_cache, v_cache, plan, 0.125, *extras)
-    torch.testing.assert_close(prefill, expected, atol=5e-5, rtol=0)
+    _decode_rows_bits_near_the_reference(cache_dtype, extras, tiles=False, atol=5e-5)
 
 
 def test_plain_chunks_on_float32_stay_the_references() -> None:
@@ -80,11 +79,7 @@ def test_plain_chunks_on_float32_stay_the_references() -> None:
 def test_on_the_tiles_every_chunk_runs_as_rows(cache_dtype: torch.dtype, extras: tuple) -> None:
     """A bf16 or fp8 cache on the tiles, plain chunks too: each token's decode row's bits,
     within the tiles' rounding (1e-2, as `test_attention_tiles`) of the torch reference."""
-    prefill, decode = _as_decode_rows(cache_dtype, extras, tiles=True)
-    assert torch.equal(prefill, decode)
-    k_cache, v_cache, plan, query, _ = _chunks(cache_dtype)
-    expected = reference.paged_prefill_attention(query, k_cache, v_cache, plan, 0.125, *extras)
-    torch.testing.assert_close(prefill, expected, atol=1e-2, rtol=0)
+    _decode_rows_bits_near_the_reference(cache_dtype, extras, tiles=True, atol=1e-2)
 
 
 def test_the_cpu_backend_attends_prompt_chunks_natively() -> None:

@@ -23,8 +23,9 @@ def kv_cache_bytes(
     environ: Mapping[str, str] = os.environ,
 ) -> int:  # fmt: skip
     """The KV cache's bytes on this rank of `ranks` (a CPU's ranks share its memory)."""
-    if executor.kv_cache_memory_bytes is not None:
-        return executor.kv_cache_memory_bytes
+    given = executor.kv_cache_bytes()
+    if given is not None:
+        return given
     space = environ.get(CPU_SPACE, "").strip()
     if device.type == "cpu" and space not in ("", "0"):
         if not space.isdigit():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,10 +73,11 @@ class ExecutorConfig:
         "container's, split among the ranks), the KV cache taking what the loaded model leaves "
         "of it (vLLM's flag; vLLM's default, 0.92, is not ours: --kv-cache-gib unless given)",
     )
-    kv_cache_memory_bytes: int | None = setting(
+    kv_cache_memory_bytes: str | None = setting(
         None,
-        "memory for the KV cache in bytes (vLLM's flag; on a CPU, vLLM-CPU's "
-        "$VLLM_CPU_KVCACHE_SPACE in GiB too); overrides --gpu-memory-utilization, --kv-cache-gib",
+        "memory for the KV cache in bytes, vLLM's suffixes allowed (4G: 4 GiB, 4g: 4e9) (vLLM's "
+        "flag; on a CPU, vLLM-CPU's $VLLM_CPU_KVCACHE_SPACE in GiB too); overrides "
+        "--gpu-memory-utilization and --kv-cache-gib",
     )
     num_blocks: int | None = setting(None, "KV blocks to allocate (overrides the memory flags)")
     rank: int = setting(0, "this executor's rank among --tensor-parallel-size ranks")
@@ -87,11 +89,26 @@ class ExecutorConfig:
     )
 
     def __post_init__(self) -> None:
-        fraction, memory = self.gpu_memory_utilization, self.kv_cache_memory_bytes
+        fraction = self.gpu_memory_utilization
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")
-        if memory is not None and memory <= 0:
-            raise ValueError(f"--kv-cache-memory-bytes must be positive, got {memory}")
+        self.kv_cache_bytes()  # refused now, not once the model is loaded
+
+    def kv_cache_bytes(self) -> int | None:
+        """`--kv-cache-memory-bytes` as a count, read as vLLM reads it: a whole number, or one
+        with a suffix, decimal (k, m, g, t) or binary (K, M, G, T)."""
+        text = self.kv_cache_memory_bytes
+        if text is None:
+            return None
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
+        if match is None:
+            raise ValueError(f"--kv-cache-memory-bytes: {text!r} is not a count of bytes")
+        number, suffix = match.groups()
+        power = "kmgt".find(suffix.lower()) + 1 if suffix else 0
+        count = int(float(number) * ((1000 if suffix.islower() else 1024) ** power))
+        if count <= 0:
+            raise ValueError(f"--kv-cache-memory-bytes must be positive, got {text!r}")
+        return count
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 
 
 def test_bytes_given_beat_vllm_cpus_variable_which_beats_a_share_and_the_default() -> None:
-    given = build(ExecutorConfig, kv_cache_memory_bytes=123_456_789, gpu_memory_utilization=0.5)
+    given = build(ExecutorConfig, kv_cache_memory_bytes="123456789", gpu_memory_utilization=0.5)
     assert kv_cache_bytes(given, CPU, 1, {CPU_SPACE: "3"}) == 123_456_789
     share = build(ExecutorConfig, gpu_memory_utilization=0.5)
     assert kv_cache_bytes(share, CPU, 1, {CPU_SPACE: "3"}) == 3 * GIB
@@ -27,6 +27,13 @@ def test_bytes_given_beat_vllm_cpus_variable_which_beats_a_share_and_the_default
     assert kv_cache_bytes(default, CPU, 1, {CPU_SPACE: "0"}) == GIB // 4  # 0: not given
     with pytest.raises(ValueError, match=f"\\${CPU_SPACE}: '4G' is not a whole number of GiB"):
         kv_cache_bytes(default, CPU, 1, {CPU_SPACE: "4G"})
+
+
+@pytest.mark.parametrize(
+    ("text", "count"), [("4G", 4 * GIB), ("4g", 4 * 10**9), ("25.6k", 25_600), ("1.5K", 1536)]
+)
+def test_bytes_take_vllms_suffixes(text: str, count: int) -> None:
+    assert build(ExecutorConfig, kv_cache_memory_bytes=text).kv_cache_bytes() == count
 
 
 def test_a_share_of_a_cpus_memory_is_split_among_its_ranks_less_what_the_process_holds() -> None:
@@ -53,8 +60,8 @@ def test_a_gpus_share_counts_every_process_on_it(monkeypatch: pytest.MonkeyPatch
     ("flags", "refusal"),
     [(["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1], got 1.5"),
      (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be in (0, 1], got 0.0"),
-     (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes must be positive, got 0"),
-     (["--kv-cache-memory-bytes", "4G"], "--kv-cache-memory-bytes: '4G' is not valid")],
+     (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes must be positive, got '0'"),
+     (["--kv-cache-memory-bytes", "4GB"], "--kv-cache-memory-bytes: '4GB' is not a count")],
 )  # fmt: skip
 def test_a_value_out_of_range_is_refused_before_anything_starts(
     flags: list[str], refusal: str

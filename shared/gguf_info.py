@@ -13,7 +13,12 @@ from typing import Any
 import numpy as np
 
 from turnstile.shared.gguf_header import TensorInfo, read_header
-from turnstile.shared.model_support import FREQUENCY_FACTORS, ORIGINAL, check_gguf_fields
+from turnstile.shared.model_support import (
+    FREQUENCY_FACTORS,
+    NO_ROPE_STEP,
+    ORIGINAL,
+    check_gguf_fields,
+)
 from turnstile.shared.pooling import gguf_pooling
 
 Field = Callable[..., Any]  # field(key, default=None): a metadata value
@@ -66,6 +71,9 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         else "",
         "rotary_dim": _rotary_dim(field(f"{arch}.rope.dimension_count"), head_dim),
         "layer_windows": _layer_windows(arch, field, layers),
+        "nope_layers": tuple(i for i in range(layers) if (i + 1) % NO_ROPE_STEP == 0)
+        if arch == "smollm3"
+        else (),
         "hidden_act": "gelu_pytorch_tanh" if gemma else "silu",
         "attention_scale": _attention_scale(arch, field, layers, hidden, heads, head_dim),
         "norms": "sandwich" if gemma else "post" if arch == "olmo2" else "pre",

@@ -24,7 +24,12 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
 # checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
 GGUF_ARCHITECTURES = ("gemma2", "gemma3", "granite", "llama", "olmo2", "phi3", "qwen2", "qwen3",
-                      "qwen3moe")  # fmt: skip
+                      "qwen3moe", "smollm3")  # fmt: skip
+# Those whose q and k rows llama.cpp's converter interleaves (a whole head's, for its RoPE).
+PERMUTED_ARCHITECTURES = ("llama", "granite", "smollm3")
+# SmolLM3's layers without RoPE in a GGUF file: llama.cpp fixes the step (no key stores it),
+# layer i skipping RoPE where (i + 1) % 4 == 0, as transformers' default no_rope_layers.
+NO_ROPE_STEP = 4
 SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX: routed as transformers routes
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE types as transformers names them; the scaled ones are computed by transformers itself.
@@ -281,11 +286,10 @@ def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> No
         return
     heads = field(f"{arch}.attention.head_count")
     head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
-    # llama.cpp's converter permutes a whole head's q and k rows for these two
-    if rotated != head_dim and (arch in ("llama", "granite") or rotated % 2):
+    if rotated != head_dim and (arch in PERMUTED_ARCHITECTURES or rotated % 2):
         _refuse(source, f"{arch}.rope.dimension_count", rotated,
-                f"RoPE on part of a head ({head_dim} dims) of a llama or granite file, or on "
-                "an odd number of dims: not implemented")  # fmt: skip
+                f"RoPE on part of a head ({head_dim} dims) of a {arch} file (whose whole heads "
+                "are permuted), or on an odd number of dims: not implemented")  # fmt: skip
 
 
 def _refuse(source: str, field: str, value: object, why: str) -> None:

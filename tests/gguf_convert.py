@@ -19,14 +19,18 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-from turnstile.shared.model_support import layer_windows, rope_parameters, rotary_dim
+from turnstile.shared.model_support import (
+    PERMUTED_ARCHITECTURES,
+    layer_windows,
+    rope_parameters,
+    rotary_dim,
+)
 
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
-    "granite": "granite", "olmo2": "olmo2",
+    "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
 }  # fmt: skip
-_PERMUTED = ("llama", "granite")  # q and k rows in llama.cpp's rotary order
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
 
 
@@ -50,7 +54,7 @@ def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | Non
         if stacked:  # gathered, then written as one tensor per layer and projection
             experts[f"{stacked[1]}.{stacked[3]}"][int(stacked[2])] = tensor
             continue
-        if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "k_proj.weight")):
             tensor = _permute(tensor, heads if "q_proj" in name else kv_heads)
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             tensor = tensor + 1

@@ -43,6 +43,21 @@ def test_a_family_gguf_file_generates_what_transformers_generates(
     generates_what_transformers_generates(path, model, family, "cpu")
 
 
+def test_a_smollm3_gguf_file_skips_rope_on_every_fourth_layer(tmp_path: Path) -> None:
+    """llama.cpp stores no key for SmolLM3's layers without RoPE and fixes them at every fourth,
+    transformers' default: a four-layer checkpoint's last layer."""
+    import transformers
+    from test_model_families import SHAPE
+
+    config = transformers.SmolLM3Config(**{**SHAPE, "num_hidden_layers": 4}, pad_token_id=0)
+    assert config.no_rope_layers == [1, 1, 1, 0]
+    model = transformers.SmolLM3ForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "smollm3.gguf")
+    assert read_model_info(path).nope_layers == (3,)
+    generates_what_transformers_generates(path, model, "smollm3", "cpu")
+
+
 @pytest.mark.parametrize(
     ("arch", "key", "value", "named"),
     [

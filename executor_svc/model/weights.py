@@ -29,6 +29,7 @@ from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq,
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.derived_files import derived_path, write_derived
 from turnstile.shared.model_info import ModelInfo
+from turnstile.shared.model_support import PERMUTED_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ _GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
 _STACKED_EXPERTS = ".mlp.experts."  # GGUF stacks every expert's matrix in one tensor
 # RoPE factors, read with the model's shape (`gguf_info.py`), not weights.
 _ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-# Architectures whose q and k rows llama.cpp's converter interleaves (`_rope_order`).
-_PERMUTED = ("llama", "granite")
 
 
 def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
@@ -209,9 +208,9 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
             for expert, matrix in enumerate(value):
                 weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
             continue
-        if arch in _PERMUTED and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_heads)]
-        elif arch in _PERMUTED and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):
             value = value[_rope_order(value.shape[0], info.num_kv_heads)]
         weights[name] = value
     progress.advance(len(tensors))

@@ -59,14 +59,14 @@ def measure(
     The executor's heap settings: without them each call's buffers page-fault afresh, and a
     case could take 75-86 ms where it takes 42-45 (docs/benchmarks.md)."""
     keep_freed_memory()
-    tiles = cpu_native.amx_tiles() and cache_dtype != torch.float32
-    paths = {"rows": False, **({"tiles": True} if tiles else {})}
     depth = read_model_info(embedded_model_path()).num_layers
     generator = torch.Generator().manual_seed(0)
     report: dict[str, dict[str, float]] = {}
     for case, (sequences, tokens, prompt) in CASES.items():
         query, k_cache, v_cache, plan = _inputs(sequences, tokens, prompt, generator, cache_dtype)
         caches = [(k_cache.clone(), v_cache.clone()) for _ in range(depth)]
+        tiles = native_attention.on_tiles(k_cache, cpu_native.amx_tiles())
+        paths = {"rows": False, **({"tiles": True} if tiles else {})}
         report[case] = {path: median_ms(_step(query, caches, plan, tiles), repeats) / depth
                         for path, tiles in paths.items()}  # fmt: skip
     return report

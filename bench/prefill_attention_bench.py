@@ -13,7 +13,7 @@ import torch
 
 from turnstile.bench.timing import median_ms
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory
-from turnstile.kernels import native_attention, reference
+from turnstile.kernels import cpu_native, native_attention, reference
 from turnstile.kernels.reference import PrefillPlan
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 
@@ -44,8 +44,9 @@ def _inputs(
     return query, k_cache, v_cache, plan
 
 
-def measure(repeats: int, cache_dtype: torch.dtype, tiles: bool) -> dict[str, dict[str, float]]:
-    """Per case, ms a layer (median) by the reference, by rows, and by rows on `tiles`."""
+def measure(repeats: int, cache_dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Per case, ms a layer (median) by the reference, by rows, and by rows on the tiles where
+    they take the cache."""
     keep_freed_memory()
     generator = torch.Generator().manual_seed(0)
     report: dict[str, dict[str, float]] = {}
@@ -57,7 +58,7 @@ def measure(repeats: int, cache_dtype: torch.dtype, tiles: bool) -> dict[str, di
         # Rows whatever the backend would pick (only where they win: the docstring).
         paths = {"reference": partial(reference.paged_prefill_attention, *args),
                  "rows": partial(native_attention.prefill_rows, *args, tiles=False)}  # fmt: skip
-        if tiles:
+        if native_attention.on_tiles(k_cache, cpu_native.amx_tiles()):
             paths["tiles"] = partial(native_attention.prefill_rows, *args, tiles=True)
         report[case] = {path: median_ms(run, repeats) for path, run in paths.items()}
     return report

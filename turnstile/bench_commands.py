@@ -86,24 +86,19 @@ def projections(args: argparse.Namespace) -> None:
 
 
 def attention(args: argparse.Namespace) -> None:
-    import torch
-
     from turnstile.bench import attention_bench, prefill_attention_bench
     from turnstile.executor_svc.backend import KV_DTYPES
-    from turnstile.kernels import cpu_native
 
     cache = KV_DTYPES[args.kv_cache_dtype]
-    if args.prefill:  # rows against the reference; tiles where they take the cache
-        tiles = cpu_native.amx_tiles() and cache != torch.float32
-        report = prefill_attention_bench.measure(args.repeats, cache, tiles)
-        base = "reference"
+    if args.prefill:  # rows against the reference
+        report, base = prefill_attention_bench.measure(args.repeats, cache), "reference"
     else:
         report, base = attention_bench.measure(args.repeats, cache), "rows"
     for case, paths in report.items():
         times = ", ".join(f"{path} {ms:.3g} ms" for path, ms in paths.items())
         ratios = "; ".join(f"{path} {paths[base] / ms:.1f}x" for path, ms in paths.items()
                            if path != base)  # fmt: skip
-        print(f"{case}: {times} ({ratios})")
+        print(f"{case}: {times}" + (f" ({ratios})" if ratios else ""))
 
 
 def experts(args: argparse.Namespace) -> None:

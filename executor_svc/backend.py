@@ -17,7 +17,12 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
-from turnstile.executor_svc.model.experts import Experts, ExpertWeights, MixtureOfExperts
+from turnstile.executor_svc.model.experts import (
+    BlockExpertWeights,
+    Experts,
+    ExpertWeights,
+    MixtureOfExperts,
+)
 from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
@@ -149,7 +154,11 @@ class Backend(ABC):
             raise TypeError(f"the {self.name} backend computes on dequantized weights")
         return DenseProjection(weight, bias)
 
-    def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
+    def experts(
+        self, router: Router, weights: ExpertWeights | BlockExpertWeights
+    ) -> MixtureOfExperts:
+        if isinstance(weights, BlockExpertWeights):
+            raise TypeError(f"the {self.name} backend computes on dequantized weights")
         return Experts(router, weights)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

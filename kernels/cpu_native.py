@@ -96,6 +96,7 @@ _SIGNATURES = {
     "gated_int8_tiles": [_PTR] * 4 + [_LONG] * 3,
     "gated_bf16_tiles": [_PTR] * 3 + [_LONG] * 3,
     "expert_tiles": [_PTR, _PTR, _LONG, _LONG, _PTR, _PTR, _PTR],
+    "quantized_experts": [_PTR, _PTR, _LONG, _LONG, _PTR, _PTR, _PTR, _LONG],
     "silu_and_multiply": [_PTR, _PTR, _LONG, _LONG],
     "rms_norm_rows": [_PTR, _PTR, _PTR, _LONG, _LONG, _FLOAT],
 }

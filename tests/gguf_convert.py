@@ -35,7 +35,8 @@ _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
 
 
 def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | None = None) -> Path:
-    """With `blocks`, the layers' matrices are stored in that block type (the rest float32)."""
+    """With `blocks`, the layers' matrices (experts and routers too) are stored in that block
+    type (the rest float32)."""
     config = json.loads((folder / "config.json").read_text())
     arch = ARCHITECTURES[config["model_type"]]
     writer = gguf.GGUFWriter(path, arch)
@@ -67,7 +68,11 @@ def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | Non
         writer.add_tensor(_gguf_name(table, name), np.ascontiguousarray(tensor))
     for name, by_expert in experts.items():
         stack = np.stack([by_expert[e] for e in sorted(by_expert)])
-        writer.add_tensor(_gguf_name(table, name + ".weight"), stack)
+        if blocks is None:
+            writer.add_tensor(_gguf_name(table, name + ".weight"), stack)
+        else:  # each expert's rows in blocks, as llama.cpp quantizes them
+            data = gguf.quants.quantize(stack, blocks)
+            writer.add_tensor(_gguf_name(table, name + ".weight"), data, raw_dtype=blocks)
     for name, factors in _rope_factors(config).items():
         writer.add_tensor(name, np.array(factors, np.float32))
     writer.write_header_to_file()

@@ -2,8 +2,9 @@
 weights packed in panels (GGUF blocks requantized for AMX-INT8 tiles where the CPU has them,
 `--cpu-products`), decode attention reading the paged cache in place (a bfloat16 or fp8 one
 on AMX-BF16 tiles where the CPU has them, `--cpu-attention`), whole decode layers in one call
-for steps of few tokens (`native_decode.py`), and bf16 experts on AMX-BF16 tiles where the CPU
-has them (`tiled_experts.py`). Prompt chunks' attention runs each token as a decode row where the
+for steps of few tokens (`native_decode.py`), a GGUF file's experts on their blocks
+(`block_experts.py`), and bf16 experts on AMX-BF16 tiles where the CPU has them
+(`tiled_experts.py`). Prompt chunks' attention runs each token as a decode row where the
 cache is on the tiles or SDPA cannot take the chunk (a window, soft cap or sinks), and is the
 torch reference's batched SDPA elsewhere. Figures: docs/benchmarks.md."""
 
@@ -15,6 +16,7 @@ import logging
 import torch
 
 from turnstile.executor_svc.backend import Backend, FusedRows, KVCaches, Route
+from turnstile.executor_svc.backends.block_experts import BlockExperts
 from turnstile.executor_svc.backends.native_decode import NativeDecode
 from turnstile.executor_svc.backends.packed_projection import (
     QUANTIZED,
@@ -26,7 +28,11 @@ from turnstile.executor_svc.backends.packed_projection import (
 from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
-from turnstile.executor_svc.model.experts import ExpertWeights, MixtureOfExperts
+from turnstile.executor_svc.model.experts import (
+    BlockExpertWeights,
+    ExpertWeights,
+    MixtureOfExperts,
+)
 from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraBatch, LoraWeights
@@ -153,8 +159,15 @@ class CpuNativeBackend(Backend):
         tiles = self.bf16_tiles and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0
         return PackedProjection(weight, bias, tiles)
 
-    def experts(self, router: Router, weights: ExpertWeights) -> MixtureOfExperts:
-        """bf16 experts on AMX-BF16 tiles where the CPU has them (`tiled_experts.py`)."""
+    def experts(
+        self, router: Router, weights: ExpertWeights | BlockExpertWeights
+    ) -> MixtureOfExperts:
+        """Experts in GGUF blocks on them (`block_experts.py`), bf16 experts on AMX-BF16 tiles
+        where the CPU has them (`tiled_experts.py`)."""
+        if isinstance(weights, BlockExpertWeights):
+            if BlockExperts.takes(weights):
+                return BlockExperts(router, weights)
+            weights = weights.dense(torch.float32)
         if self.bf16_tiles and TiledExperts.takes(weights):
             return TiledExperts(router, weights)
         return super().experts(router, weights)

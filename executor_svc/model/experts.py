@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.model.projection import ProjectionFactory
 from turnstile.executor_svc.model.routers import GroupedSigmoidRouter, Router, SoftmaxRouter
+from turnstile.kernels.quantized_weights import QuantizedWeight
 from turnstile.shared.model_info import ModelInfo
 
 
@@ -56,6 +57,27 @@ class ExpertWeights:
     down_bias: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BlockExpertWeights:
+    """A layer's experts kept in their GGUF blocks, each expert's gate, up and down (the cpu
+    backend multiplies them there: `backends/block_experts.py`); biases as `ExpertWeights`'."""
+
+    gate: tuple[QuantizedWeight, ...]
+    up: tuple[QuantizedWeight, ...]
+    down: tuple[QuantizedWeight, ...]
+    glu: Glu
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+    def dense(self, dtype: torch.dtype) -> ExpertWeights:
+        """Their values, for a backend that computes on dense weights."""
+        gate_up = [torch.cat((g.dequantize(dtype), u.dequantize(dtype)))
+                   for g, u in zip(self.gate, self.up, strict=True)]  # fmt: skip
+        down = torch.stack([d.dequantize(dtype) for d in self.down])
+        return ExpertWeights(torch.stack(gate_up), down, self.glu, self.gate_up_bias,
+                             self.down_bias)  # fmt: skip
+
+
 class MixtureOfExperts(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for each row of `x` [tokens, hidden], in x's dtype."""
@@ -63,7 +85,7 @@ class MixtureOfExperts(Protocol):
 
 
 # A backend's experts from a router and the weights (`Backend.experts`).
-ExpertsFactory = Callable[[Router, ExpertWeights], MixtureOfExperts]
+ExpertsFactory = Callable[[Router, ExpertWeights | BlockExpertWeights], MixtureOfExperts]
 
 
 def load_experts(
@@ -79,16 +101,22 @@ def load_experts(
 
     def tensor(name: str, *dtype: torch.dtype, **share: slice) -> torch.Tensor:
         weight = take(prefix + name, *dtype, **share)
-        if not isinstance(weight, torch.Tensor):
-            raise ValueError(f"{prefix + name}: quantized experts are not implemented")
+        if isinstance(weight, QuantizedWeight):  # a router a GGUF file keeps in blocks
+            return weight.dequantize(*dtype or (activation_dtype,))
         return weight
 
     experts = range(info.num_experts)
-    gate_up = torch.stack([
-        torch.cat([tensor(f"experts.{e}.{p}_proj.weight", rows=rows) for p in ("gate", "up")])
-        for e in experts
-    ])  # fmt: skip
-    down = torch.stack([tensor(f"experts.{e}.down_proj.weight", cols=rows) for e in experts])
+
+    def matrices(part: str, **share: slice) -> list[Any]:
+        return [take(f"{prefix}experts.{e}.{part}_proj.weight", **share) for e in experts]
+
+    gate, up = matrices("gate", rows=rows), matrices("up", rows=rows)
+    down = matrices("down", cols=rows)
+    blocks = all(isinstance(m, QuantizedWeight) for m in (*gate, *up, *down))
+    if not blocks:  # a matrix in a format not kept: every one dense
+        dtype = next(m.dtype for m in (*gate, *up, *down) if isinstance(m, torch.Tensor))
+        gate, up, down = ([m.dequantize(dtype) if isinstance(m, QuantizedWeight) else m
+                           for m in part] for part in (gate, up, down))  # fmt: skip
     top_k, normalize = info.experts_per_token, info.normalize_expert_weights
     if info.expert_groups:  # GLM-4.5's, in float32 as transformers keeps it
         logits = projection(tensor("gate.weight", torch.float32), None)
@@ -100,8 +128,15 @@ def load_experts(
         bias = tensor("gate.bias", activation_dtype) if prefix + "gate.bias" in names else None
         logits = projection(tensor("gate.weight", activation_dtype), bias)
         router = SoftmaxRouter(logits, top_k, normalize)
+
+    def weights(glu: Glu, *biases: torch.Tensor | None) -> ExpertWeights | BlockExpertWeights:
+        if blocks:
+            return BlockExpertWeights(tuple(gate), tuple(up), tuple(down), glu, *biases)
+        gate_up = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
+        return ExpertWeights(gate_up, torch.stack(down), glu, *biases)
+
     if prefix + "experts.0.gate_proj.bias" not in names:
-        return make(router, ExpertWeights(gate_up, down, glu))
+        return make(router, weights(glu))
     gate_up_bias = [
         torch.cat([tensor(f"experts.{e}.{p}_proj.bias", rows=rows) for p in ("gate", "up")])
         for e in experts
@@ -111,7 +146,7 @@ def load_experts(
     if prefix + "experts.0.down_proj.bias" in names:
         down_bias = torch.stack([tensor(f"experts.{e}.down_proj.bias") for e in experts])
     swiglu = Glu("clamped_swiglu", info.swiglu_alpha, info.swiglu_limit)
-    return make(router, ExpertWeights(gate_up, down, swiglu, torch.stack(gate_up_bias), down_bias))
+    return make(router, weights(swiglu, torch.stack(gate_up_bias), down_bias))
 
 
 class Experts:

@@ -197,12 +197,13 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
         if tensor.name not in names:
             raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
         name = names[tensor.name]
-        value: torch.Tensor | QuantizedWeight
-        stacked = _STACKED_EXPERTS in name  # dequantized: experts compute on dense weights
-        if quantized and tensor.tensor_type in BITS and not stacked:
-            value = from_gguf(tensor.data, tensor.tensor_type)
+        stacked = _STACKED_EXPERTS in name
+        value: torch.Tensor | QuantizedWeight | list[QuantizedWeight]
+        kind, data = tensor.tensor_type, tensor.data
+        if quantized and kind in BITS:  # a stacked tensor: each expert's blocks
+            value = [from_gguf(m, kind) for m in data] if stacked else from_gguf(data, kind)
         else:
-            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            values = gguf.quants.dequantize(data, kind)
             value = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
         if stacked:
             for expert, matrix in enumerate(value):

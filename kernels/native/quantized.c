@@ -8,10 +8,8 @@
 #include "quantized.h"
 #include "simd.h"
 
-typedef void (*Product)(const QProduct *, long, int, long);
-
 /* 256-bit VNNI in the encoding this CPU has: AVX-VNNI's, else AVX512-VL's. */
-static Product product_for(int isa) {
+Product qproduct_for(int isa) {
     if (isa == ISA_AVX512_VNNI) return qproduct_avx512;
     if (isa != ISA_AVX_VNNI) return qproduct_avx2;
     return __builtin_cpu_supports("avxvnni") ? qproduct_avx_vnni : qproduct_avx512vl_vnni;
@@ -26,8 +24,8 @@ static inline int sum_ints(__m256i v) {
 /* Per block of 32: dx = max|x| / 127, codes round(x / dx) (to nearest even, as torch.round),
  * and dx times their sum, and times each half's, which the weights' offsets multiply; the sum
  * itself for AVX2's 8-bit tiles (quantized_avx2.c). */
-static void quantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx,
-                          float *sh, int32_t *qs) {
+void qquantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx, float *sh,
+                    int32_t *qs) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
 #pragma omp parallel for if (M >= 16)
     for (long s = 0; s < M * (K / QBLOCK); s++) {
@@ -92,9 +90,9 @@ int linear_quantized(const float *x, const uint8_t *w, float *y, const float *bi
     }
     float *sx = scales + M * blocks, *sh = sx + M * blocks;
     int32_t *qs = (int32_t *)(sh + 2 * M * blocks);
-    quantize_rows(x, M, K, xq, scales, sx, sh, qs);
+    qquantize_rows(x, M, K, xq, scales, sx, sh, qs);
     QProduct p = {xq, scales, sx, sh, qs, w, y, bias, residual, M, N, K, ldy, bits};
-    const Product product = product_for(isa);
+    const Product product = qproduct_for(isa);
     const long panels = (N + QPANEL - 1) / QPANEL, full = M / TILE_ROWS * TILE_ROWS;
     long block_rows = BLOCK_CODES / K / TILE_ROWS * TILE_ROWS;
     block_rows = block_rows < TILE_ROWS ? TILE_ROWS : block_rows;

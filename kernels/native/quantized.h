@@ -1,7 +1,7 @@
 /* Projections on weights kept in their GGUF blocks (see kernels/quantized_weights.py): each
  * weight is `d * code + m` with one scale d and offset m (fp16) per block of 32 inputs of an
  * output feature, and codes of 4 or 8 bits; or (6 bits, Q6_K) d per 16 inputs and m = -32 d.
- * The activations are quantized per block of 32 to int8 (`quantize_rows`, llama.cpp's way), so
+ * The activations are quantized per block of 32 to int8 (`qquantize_rows`, llama.cpp's way), so
  * a block's dot product is one integer sum (two for 6-bit codes, one a half):
  *   sum_k w_k x_k ~= d * dx * sum_k code_k xq_k + m * dx * sum_k xq_k.
  * Weights are stored in panels of 16 output features; in a panel, each block is its codes in
@@ -33,7 +33,14 @@ typedef struct {
     int bits;
 } QProduct;
 
+typedef void (*Product)(const QProduct *, long, int, long);
+
 void qstore_tile(const QProduct *p, long row, int rows, long first, const float *out);
+/* `M` rows of x [M][K] quantized per block of 32 (quantized.c): codes, dx, sx, sh, qs. */
+void qquantize_rows(const float *x, long M, long K, int8_t *xq, float *dx, float *sx, float *sh,
+                    int32_t *qs);
+/* The tiles of the ISA numbered `isa` (simd.h), as this CPU encodes them. */
+Product qproduct_for(int isa);
 /* Rows [row, row + rows) (at most 6) against one panel. */
 void qproduct_avx2(const QProduct *p, long row, int rows, long panel);
 void qproduct_avx_vnni(const QProduct *p, long row, int rows, long panel);

@@ -47,14 +47,19 @@ static inline __m256 exp_negative(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
 }
 
-/* silu(g) * up. sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0,
- * else e / (1 + e). */
-static inline __m256 silu_times(__m256 g, __m256 up) {
+/* sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0, else
+ * e / (1 + e). */
+static inline __m256 sigmoid8(__m256 g) {
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256 e = exp_negative(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));
     const __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
     const __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
-    return _mm256_mul_ps(_mm256_mul_ps(g, _mm256_blendv_ps(positive, negative, g)), up);
+    return _mm256_blendv_ps(positive, negative, g);
+}
+
+/* silu(g) * up. */
+static inline __m256 silu_times(__m256 g, __m256 up) {
+    return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), up);
 }
 
 /* A tile's rows of 16 outputs (`width` of them: fewer in a matrix's last panel) stored at

@@ -8,22 +8,17 @@ import ctypes
 import torch
 
 from turnstile.kernels import cpu_native
+from turnstile.kernels.expert_calls import EXPERT_FIELDS, call_experts
 
 PANEL, CHUNK = 16, 32  # output features a B tile; inputs a B tile (16 pairs)
-GLUS = ("silu", "clamped_swiglu")  # expert_tiles.c's numbers for the gated activations
 PROFILE_LABEL = "native::experts"  # what a profile finds the call by
-_PTR, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+_PTR = ctypes.c_void_p
 
 
 class ExpertTilesWeights(ctypes.Structure):
     """expert_tiles.c's `Experts`."""
 
-    _fields_ = [
-        *((name, _PTR) for name in ("gate_up", "down", "gate_up_bias", "down_bias")),
-        *((name, _LONG) for name in ("experts", "hidden", "inner", "glu")),
-        ("alpha", _FLOAT),
-        ("limit", _FLOAT),
-    ]
+    _fields_ = [("gate_up", _PTR), ("down", _PTR), *EXPERT_FIELDS]
 
 
 def fits(hidden: int, inner: int) -> bool:
@@ -59,17 +54,4 @@ def run(
     weighted by `routed` [tokens, top_k], summed: float32 [tokens, hidden]."""
     lib = cpu_native.library()
     assert lib is not None
-    x, chosen = x.float().contiguous(), chosen.to(torch.int64).contiguous()
-    routed = routed.float().contiguous()
-    out = x.new_empty(x.shape)
-    tokens, top_k = chosen.shape
-    with torch.profiler.record_function(PROFILE_LABEL):
-        failed = lib.expert_tiles(
-            ctypes.addressof(weights), x.data_ptr(), tokens, top_k, chosen.data_ptr(),
-            routed.data_ptr(), out.data_ptr(),
-        )  # fmt: skip
-    if failed == -2:
-        raise ValueError(f"a chosen expert is out of range 0-{weights.experts - 1}")
-    if failed:
-        raise MemoryError("the experts' tiles could not allocate their buffers")
-    return out
+    return call_experts(lib.expert_tiles, weights, x, chosen, routed, PROFILE_LABEL)

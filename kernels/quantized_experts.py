@@ -12,12 +12,12 @@ import torch
 from torch import Tensor
 
 from turnstile.kernels import cpu_native
+from turnstile.kernels.expert_calls import EXPERT_FIELDS, GLUS, call_experts
 from turnstile.kernels.quantized_weights import BLOCK, QuantizedWeight, pack
 
-GLUS = ("silu", "clamped_swiglu")  # quantized_experts.c's numbers for the gated activations
 PROFILE_LABEL = "native::quantized_experts"
 MATRICES = ("gate", "up", "down")
-_PTR, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+_PTR, _LONG = ctypes.c_void_p, ctypes.c_long
 
 
 class QuantizedExpertsWeights(ctypes.Structure):
@@ -26,10 +26,7 @@ class QuantizedExpertsWeights(ctypes.Structure):
     _fields_ = [
         *((name, _PTR) for name in MATRICES),
         *((f"{name}_{field}", _LONG) for field in ("bytes", "bits") for name in MATRICES),
-        *((name, _PTR) for name in ("gate_up_bias", "down_bias")),
-        *((name, _LONG) for name in ("experts", "hidden", "inner", "glu")),
-        ("alpha", _FLOAT),
-        ("limit", _FLOAT),
+        *EXPERT_FIELDS,
     ]
 
 
@@ -69,21 +66,9 @@ class PackedExperts:
         (default the best)."""
         lib = cpu_native.library()
         assert lib is not None
-        x, chosen = x.float().contiguous(), chosen.to(torch.int64).contiguous()
-        routed = routed.float().contiguous()
-        out = x.new_empty(x.shape)
-        tokens, top_k = chosen.shape
         isa_index = cpu_native.ISAS.index(isa or cpu_native.best_isa())
-        with torch.profiler.record_function(PROFILE_LABEL):
-            failed = lib.quantized_experts(
-                ctypes.addressof(self.native), x.data_ptr(), tokens, top_k, chosen.data_ptr(),
-                routed.data_ptr(), out.data_ptr(), isa_index,
-            )  # fmt: skip
-        if failed == -2:
-            raise ValueError(f"a chosen expert is out of range 0-{self.native.experts - 1}")
-        if failed:
-            raise MemoryError("the quantized experts could not allocate their buffers")
-        return out
+        return call_experts(lib.quantized_experts, self.native, x, chosen, routed, PROFILE_LABEL,
+                            isa_index)  # fmt: skip
 
 
 def _packed(matrices: Sequence[QuantizedWeight]) -> tuple[Tensor, int]:

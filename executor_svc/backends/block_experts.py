@@ -11,6 +11,7 @@ import torch
 from turnstile.executor_svc.model.experts import BlockExpertWeights
 from turnstile.executor_svc.model.routers import Router
 from turnstile.kernels import quantized_experts
+from turnstile.kernels.expert_calls import GLUS
 
 
 class BlockExperts:
@@ -21,7 +22,7 @@ class BlockExperts:
         """Whether the kernel has these experts' gated activation and makes whole blocks of
         their sizes."""
         inner, hidden = weights.gate[0].shape
-        return weights.glu.kind in quantized_experts.GLUS and quantized_experts.fits(hidden, inner)
+        return weights.glu.kind in GLUS and quantized_experts.fits(hidden, inner)
 
     def __init__(self, router: Router, weights: BlockExpertWeights) -> None:
         self.router = router

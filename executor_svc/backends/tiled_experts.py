@@ -10,6 +10,7 @@ import torch
 from turnstile.executor_svc.model.experts import ExpertWeights
 from turnstile.executor_svc.model.routers import Router
 from turnstile.kernels import cpu_native, expert_tiles
+from turnstile.kernels.expert_calls import GLUS
 
 
 class TiledExperts:
@@ -23,7 +24,7 @@ class TiledExperts:
         return (
             weights.gate_up.dtype == torch.bfloat16
             and weights.gate_up.device.type == "cpu"
-            and weights.glu.kind in expert_tiles.GLUS
+            and weights.glu.kind in GLUS
             and expert_tiles.fits(hidden, inner)
             and cpu_native.amx_tiles()
         )
@@ -45,7 +46,7 @@ class TiledExperts:
             experts,
             hidden,
             inner,
-            expert_tiles.GLUS.index(glu.kind),
+            GLUS.index(glu.kind),
             glu.alpha,
             glu.limit,
         )

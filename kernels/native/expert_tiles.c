@@ -8,23 +8,15 @@
  * depend on the tokens beside it in its step. Figures: docs/benchmarks.md. */
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 #include "bf16_tiles.h"
+#include "experts.h"
 
 enum { GROUP_ROWS = 256 };
-enum { GLU_SILU = 0, GLU_CLAMPED_SWIGLU = 1 };
 
 typedef struct {
-    const uint16_t *gate_up;   /* [experts][inner / 16][hidden / 32][gate, up][TILE_ELEMS] */
-    const uint16_t *down;      /* [experts][hidden / 16][inner / 32][TILE_ELEMS] */
-    const float *gate_up_bias; /* [experts][gate's inner, up's inner], or NULL */
-    const float *down_bias;    /* [experts][hidden], or NULL */
-    long experts, hidden, inner, glu;
-    float alpha, limit; /* the clamped SwiGLU's */
+    const uint16_t *gate_up; /* [experts][inner / 16][hidden / 32][gate, up][TILE_ELEMS] */
+    const uint16_t *down;    /* [experts][hidden / 16][inner / 32][TILE_ELEMS] */
+    EXPERT_FIELDS
 } Experts;
-
-/* A run of one expert's rows that a task takes: `real` rows from `first` (then padding). */
-typedef struct {
-    long expert, first, real;
-} Group;
 
 typedef struct {
     const Experts *w;
@@ -125,21 +117,10 @@ int expert_tiles(const Experts *w, const float *x, long tokens, long top_k,
     uint16_t *xb = (uint16_t *)(groups + most_groups), *act = xb + most_rows * hidden;
     float *out = (float *)(act + most_rows * inner);
 
-    /* Rows grouped by expert, each expert's rows padded to a tile's 16 (stable: pair order). */
-    memset(count, 0, sizeof(long) * experts);
-    for (long p = 0; p < pairs; p++) count[chosen[p]]++;
-    long rows = 0, group_count = 0;
-    for (long e = 0; e < experts; e++) {
-        start[e] = rows;
-        for (long first = 0; first < count[e]; first += GROUP_ROWS) {
-            const long real = count[e] - first < GROUP_ROWS ? count[e] - first : GROUP_ROWS;
-            groups[group_count++] = (Group){e, rows + first, real};
-        }
-        rows += (count[e] + ROWS - 1) / ROWS * ROWS;
-        for (long i = start[e] + count[e]; i < rows; i++) pair[i] = -1;
-        count[e] = 0;
-    }
-    for (long p = 0; p < pairs; p++) pair[start[chosen[p]] + count[chosen[p]]++] = p;
+    /* Each expert's rows padded to a tile's 16. */
+    long group_count;
+    const long rows = group_pairs(chosen, pairs, experts, ROWS, GROUP_ROWS, count, start, pair,
+                                  groups, &group_count);
     const Rows r = {w, weights, pair, xb, act, out};
     const long gate_up_tasks = group_count * (inner / PANEL);
     const long down_tasks = group_count * (hidden / (2 * PANEL));

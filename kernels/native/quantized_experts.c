@@ -10,27 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "experts.h"
 #include "quantized.h"
 #include "simd.h"
 
 enum { GROUP_ROWS = 48 }; /* the rows of one expert a task takes: 8 tiles of 6 */
 enum { TILE = 6 };
-enum { GLU_SILU = 0, GLU_CLAMPED_SWIGLU = 1 };
 
 typedef struct {
     const uint8_t *gate, *up, *down; /* each expert's panels, the next `*_bytes` on */
     long gate_bytes, up_bytes, down_bytes;
     long gate_bits, up_bits, down_bits;
-    const float *gate_up_bias; /* [experts][gate's inner, up's inner], or NULL */
-    const float *down_bias;    /* [experts][hidden], or NULL */
-    long experts, hidden, inner, glu;
-    float alpha, limit; /* the clamped SwiGLU's */
+    EXPERT_FIELDS
 } QExperts;
-
-/* A run of one expert's rows that a task takes: `real` rows from `first`. */
-typedef struct {
-    long expert, first, real;
-} Group;
 
 /* Rows of activations quantized per block of 32, as a QProduct reads them. */
 typedef struct {
@@ -126,23 +118,9 @@ int quantized_experts(const QExperts *w, const float *x, long tokens, long top_k
     float *gu = carve(&at, 4 * pairs * 2 * inner), *act = carve(&at, 4 * pairs * inner);
     float *out = carve(&at, 4 * pairs * hidden);
 
-    /* Rows grouped by expert, in pair order within one. */
-    memset(count, 0, 8 * experts);
-    for (long p = 0; p < pairs; p++) count[chosen[p]]++;
-    long rows = 0, group_count = 0;
-    for (long e = 0; e < experts; e++) {
-        start[e] = rows;
-        for (long first = 0; first < count[e]; first += GROUP_ROWS) {
-            const long real = count[e] - first < GROUP_ROWS ? count[e] - first : GROUP_ROWS;
-            groups[group_count++] = (Group){e, rows + first, real};
-        }
-        rows += count[e];
-        count[e] = 0;
-    }
-    for (long p = 0; p < pairs; p++) {
-        row_of[p] = start[chosen[p]] + count[chosen[p]]++;
-        pair_of[row_of[p]] = p;
-    }
+    long group_count;
+    group_pairs(chosen, pairs, experts, 1, GROUP_ROWS, count, start, pair_of, groups, &group_count);
+    for (long r = 0; r < pairs; r++) row_of[pair_of[r]] = r;
     const Product product = qproduct_for((int)isa);
     const long inner_panels = inner / QPANEL, hidden_panels = hidden / QPANEL;
     quantize(x, tokens, hidden, xc);

@@ -15,6 +15,20 @@ import gguf
 import numpy as np
 
 Q = gguf.GGMLQuantizationType
+SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of each block's fp16 scales
+
+
+def random_blocks(
+    kind: gguf.GGMLQuantizationType, rows: int, inputs: int, seed: int = 0
+) -> np.ndarray:
+    """[rows, bytes] of `kind` blocks: random bytes, then plausible fp16 scales."""
+    rng = np.random.default_rng(seed)
+    elements, size = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (rows, inputs // elements, size), dtype=np.uint8)
+    for start in SCALES[kind]:
+        scale = rng.uniform(1e-5, 1e-4, (rows, inputs // elements, 1)).astype(np.float16)
+        raw[..., start : start + 2] = scale.view(np.uint8)
+    return raw.reshape(rows, -1)
 
 
 def _half(x: np.ndarray) -> np.ndarray:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Serving throughput of Turnstile and llama.cpp's `llama-server` on the same GGUF file (the
-# embedded model), with vLLM's client (`vllm bench serve` from ../shared/peers/setup.sh's venv;
-# random 128 in / 128 out), alternating A B A B. llama-server is built once, with this CPU's
-# flags, from the llama.cpp sources inside PyPI's llama-cpp-python sdist (no GitHub here).
+# embedded model, or $GGUF: a file with the embedded model's tokenizer, as
+# bench/random_moe_gguf.py writes one), with vLLM's client (`vllm bench serve` from
+# ../shared/peers/setup.sh's venv; random 128 in / 128 out), alternating A B A B. llama-server
+# is built once, with this CPU's flags, from the llama.cpp sources inside PyPI's
+# llama-cpp-python sdist (no GitHub here).
 #   usage: bench/serve_vs_llamacpp.sh [ROUNDS=3] [NUM_PROMPTS=64] [extra bench args]
 # Throughput is prompts x 128 / duration: both servers generate all 128 tokens (ignore_eos),
 # while the client's own count re-tokenizes llama-server's text and finds fewer.
@@ -23,11 +25,11 @@ out=$(mktemp -d); ts_pid=; l_pid=
 cleanup() { [ -n "$ts_pid" ] && kill -TERM "$ts_pid" 2>/dev/null; [ -n "$l_pid" ] && kill -TERM "$l_pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-gguf=$(.venv/bin/python -c 'from turnstile.shared.model_info import embedded_model_path as p; print(p())')
+gguf=${GGUF:-$(.venv/bin/python -c 'from turnstile.shared.model_info import embedded_model_path as p; print(p())')}
 # 64 slots of 512 tokens, continuous batching (its default), both cores for decode and prefill.
 "$server" -m "$gguf" --host 127.0.0.1 --port 8100 -c 32768 -np 64 -t 2 -tb 2 --alias smollm2 \
   > "$out"/llama.log 2>&1 & l_pid=$!
-.venv/bin/turnstile serve --host 127.0.0.1 --port 8000 > "$out"/turnstile.log 2>&1 & ts_pid=$!
+.venv/bin/turnstile serve ${GGUF:+--model "$GGUF"} --host 127.0.0.1 --port 8000 > "$out"/turnstile.log 2>&1 & ts_pid=$!
 for url in http://127.0.0.1:8000/health http://127.0.0.1:8100/health; do
   for _ in $(seq 600); do curl -sf "$url" >/dev/null && break; sleep 1; done
 done

@@ -105,11 +105,15 @@ def experts(args: argparse.Namespace) -> None:
     from turnstile.bench.experts_bench import measure
 
     shape = (args.experts, args.hidden, args.inner, args.top_k)
-    for tokens, paths in measure(args.tokens, *shape, args.repeats).items():
-        times = ", ".join(f"{name} {ms:.3g} ms" for name, ms in paths.items() if name != "apart")
-        ratio = f" (tiles {paths['grouped_mm'] / paths['tiles']:.1f}x)" if "tiles" in paths else ""
-        apart = f", {paths['apart']:.1e} apart" if "apart" in paths else ""
-        print(f"{tokens} tokens: {times}{ratio}{apart}")
+    for tokens, paths in measure(args.tokens, *shape, args.repeats, args.blocks).items():
+        times = {name: ms for name, ms in paths.items() if not name.endswith(" apart")}
+        line = ", ".join(f"{name} {ms:.3g} ms" for name, ms in times.items())
+        ratios = ", ".join(f"{name} {times['grouped_mm'] / ms:.1f}x"
+                           for name, ms in times.items() if name != "grouped_mm")  # fmt: skip
+        apart = "".join(
+            f", {name} {value:.1e}" for name, value in paths.items() if name not in times
+        )
+        print(f"{tokens} tokens: {line}" + (f" ({ratios})" if ratios else "") + apart)
 
 
 def gpu(args: argparse.Namespace) -> None:

@@ -151,12 +151,14 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
                          help="prompt chunks: the torch reference against rows")  # fmt: skip
     command.set_defaults(handler=attention)
     command = bench.add_parser(
-        "experts", help="a layer of bf16 experts: torch's grouped matmuls, AMX-BF16 tiles"
+        "experts", help="a layer of experts: torch's grouped matmuls, AMX-BF16 tiles, GGUF blocks"
     )
     command.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 4096])
     for name, default in (("experts", 16), ("hidden", 512), ("inner", 512), ("top-k", 4)):
         command.add_argument(f"--{name}", type=int, default=default)
     command.add_argument("--repeats", type=int, default=7)
+    command.add_argument("--blocks", action="store_true",
+                         help="also the same values in Q4_K_M's GGUF blocks")  # fmt: skip
     command.set_defaults(handler=experts)
     command = bench.add_parser("lora", help="a LoRA adapter's cost to a decode step, offline")
     command.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])

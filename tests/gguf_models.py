@@ -14,6 +14,7 @@ from turnstile.bench.requantize import SCALES, random_blocks
 
 __all__ = ["SCALES", "LlamaShape", "random_blocks", "write_llama_gguf"]
 
+
 @dataclass(frozen=True, slots=True)
 class LlamaShape:
     hidden: int

@@ -19,6 +19,15 @@ BLOCK = 32  # inputs per block, as in quantized.h
 PANEL = 16  # output features per panel
 
 Q = gguf.GGMLQuantizationType
+# MXFP4's e2m1 codes (quantized.h's QFP4), kept as `2 e2m1 + 12` (0-24) with d half the block's
+# power of two and m = -12 d, stored packed as 4-bit codes are: FP4_CODES[nibble] is its code.
+FP4 = 5
+FP4_CODES = torch.tensor(
+    [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0], dtype=torch.uint8
+)
+_NIBBLES = torch.zeros(25, dtype=torch.uint8).index_put_(
+    (FP4_CODES.long(),), torch.arange(16, dtype=torch.uint8)
+)
 # The GGUF block types kept as they are, and their codes' width (6: Q6_K's layout).
 BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q6_K: 6}
 
@@ -126,11 +135,13 @@ class PackedWeight:
         else:
             packed = lanes(0, nibbles)
             codes = torch.cat((packed & 0x0F, packed >> 4), dim=2)
+        if self.bits == FP4:
+            codes = FP4_CODES[codes.long()]
         if self.bits == 6:
             shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
             high = (lanes(nibbles, nibbles * 3 // 2)[:, :, :, None] >> shifts) & 3
             codes |= high.reshape(codes.shape) << 4
-        end = PANEL * BLOCK * self.bits // 8
+        end = PANEL * BLOCK * _stored_bits(self.bits) // 8
         pairs = self.panels[..., end:].view(torch.float16).view(every, blocks, 2, PANEL)
         pairs = pairs[panel, :, :, lane]
         scale, offset = pairs.reshape(count, -1), None  # 6-bit: both halves' scales, in order
@@ -140,6 +151,10 @@ class PackedWeight:
         return QuantizedWeight(codes.reshape(count, -1), scale, offset, self.bits)
 
 
+def _stored_bits(bits: int) -> int:
+    return 4 if bits == FP4 else bits
+
+
 def pack(weight: QuantizedWeight) -> PackedWeight:
     out, inputs = weight.codes.shape
     panels, blocks = -(-out // PANEL), inputs // BLOCK
@@ -147,9 +162,12 @@ def pack(weight: QuantizedWeight) -> PackedWeight:
     def padded(t: torch.Tensor) -> torch.Tensor:
         return torch.cat((t, t.new_zeros(panels * PANEL - out, t.shape[1])))
 
-    codes = padded(weight.codes).view(panels, PANEL, blocks, 8, 4).permute(0, 2, 3, 1, 4)
+    codes = padded(weight.codes)
+    if weight.bits == FP4:
+        codes = _NIBBLES[codes.long()]
+    codes = codes.view(panels, PANEL, blocks, 8, 4).permute(0, 2, 3, 1, 4)
     parts = [codes]
-    if weight.bits in (4, 6):
+    if weight.bits in (4, FP4, 6):
         low = codes & 0x0F
         parts = [low[:, :, :4] | (low[:, :, 4:] << 4)]
     if weight.bits == 6:

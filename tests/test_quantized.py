@@ -15,6 +15,7 @@ from gguf_models import SCALES, random_blocks
 from turnstile.kernels import cpu_native
 from turnstile.kernels.gguf_blocks import from_gguf
 from turnstile.kernels.quantized_weights import (
+    FP4,
     Q,
     QuantizedWeight,
     StackedWeight,
@@ -81,13 +82,15 @@ def test_the_quantized_product_is_the_reference_on_every_isa(
 
 
 @needs_native
-@pytest.mark.parametrize("bits", [4, 6, 8])
+@pytest.mark.parametrize("bits", [4, FP4, 6, 8])
 def test_the_quantized_products_integer_sums_hold_at_their_bounds(bits: int) -> None:
-    """Every code at its largest (and 8-bit codes also at their smallest) times activations at
-    +-127: AVX2 sums products in int16 for as many groups as it holds (quantized_avx2.c)."""
-    offset = {4: 0.5, 6: -32.0, 8: -128.0}[bits]  # 6 and 8 bits: Q6_K's and Q8_0's m / d
+    """Every code at its largest (and 8-bit and MXFP4 codes also at their smallest) times
+    activations at +-127: AVX2 sums products in int16 for as many groups as it holds
+    (quantized_avx2.c)."""
+    offset = {4: 0.5, FP4: -12.0, 6: -32.0, 8: -128.0}[bits]  # Q6_K's, MXFP4's, Q8_0's m / d
     group = 16 if bits == 6 else 32
-    for code in (2**bits - 1, 0) if bits == 8 else (2**bits - 1,):
+    largest = 24 if bits == FP4 else 2**bits - 1
+    for code in (largest, 0) if bits in (FP4, 8) else (largest,):
         codes = torch.full((32, 256), code, dtype=torch.uint8)
         scale = torch.full((32, 256 // group), 0.01, dtype=torch.float16)
         weight = QuantizedWeight(codes, scale, (scale.float() * offset).half(), bits)

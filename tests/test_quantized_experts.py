@@ -1,6 +1,6 @@
 """Experts kept in their GGUF blocks (`kernels/native/quantized_experts.c`) against the same
-arithmetic in torch (`quantized_weights.reference_linear` a product), in every block format and
-on every ISA this CPU runs; a token's bits alone and among others."""
+arithmetic in torch (`quantized_weights.reference_linear` a product), in every block format
+(gpt-oss's MXFP4 too) and on every ISA this CPU runs; a token's bits alone and among others."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from turnstile.executor_svc.model.experts import clamped_swiglu
 from turnstile.kernels import cpu_native, quantized_experts
-from turnstile.kernels.quantized_weights import QuantizedWeight, reference_linear
+from turnstile.kernels.quantized_weights import FP4, FP4_CODES, QuantizedWeight, reference_linear
 
 pytestmark = pytest.mark.skipif(cpu_native.library() is None, reason="needs the native kernels")
 EXPERTS, HIDDEN, INNER, TOP_K = 6, 64, 96, 2
@@ -19,9 +19,12 @@ def _matrix(out: int, inputs: int, bits: int, generator: torch.Generator) -> Qua
     """Random codes of `bits`, their scales and offsets as a GGUF format's (Q6_K: groups of 16,
     offset -32 d)."""
     group = 16 if bits == 6 else 32
+    nibbles = torch.randint(0, 16, (out, inputs), generator=generator)
     codes = torch.randint(0, 2**bits, (out, inputs), generator=generator, dtype=torch.uint8)
     scale = (torch.rand(out, inputs // group, generator=generator) * 0.02 + 0.001).half()
     offset = -scale * 2 ** (bits - 1) if bits in (6, 8) else -scale * 8
+    if bits == FP4:  # MXFP4's: e2m1 codes through their table, m = -12 d
+        codes, offset = FP4_CODES[nibbles], -scale * 12
     return QuantizedWeight(codes, scale, offset.half(), bits)
 
 
@@ -71,7 +74,12 @@ def _routing(tokens: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, to
 
 @pytest.mark.parametrize(
     ("bits", "glu", "biases"),
-    [((4, 4, 6), "silu", False), ((8, 8, 8), "silu", False), ((6, 4, 4), "clamped_swiglu", True)],
+    [
+        ((4, 4, 6), "silu", False),
+        ((8, 8, 8), "silu", False),
+        ((6, 4, 4), "clamped_swiglu", True),
+        ((FP4, FP4, FP4), "clamped_swiglu", True),
+    ],
 )
 def test_the_native_experts_compute_what_torch_computes_from_the_blocks(bits, glu, biases) -> None:
     matrices, gate_up_bias, down_bias = _experts(bits, glu, biases)

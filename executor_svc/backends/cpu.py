@@ -138,7 +138,7 @@ class CpuNativeBackend(Backend):
                 )
             return True
         # fp8 checkpoints are dequantized: no CPU kernel here multiplies e4m3 weights
-        stored = engine.model_path.suffix == ".gguf" or self.info.weight_type == "int"
+        stored = engine.model_path.suffix == ".gguf" or self.info.weight_type in ("int", "mxfp4")
         auto = executor.quantization == "auto" and executor.dtype == "auto"
         return auto and stored and engine.tensor_parallel_size == 1
 
@@ -190,6 +190,10 @@ class CpuNativeBackend(Backend):
         if self._quantized:  # which products they take: the tiles' int8 or the file's blocks
             log.info("quantized projections on %s", "AMX-INT8 tiles" if self.product_tiles
                      else f"their GGUF blocks ({cpu_native.best_isa()})")  # fmt: skip
+        blocks = sum(isinstance(layer.experts, BlockExperts) for layer in model.layers)
+        if blocks:
+            log.info("the experts of %d layers on their GGUF blocks (%s)", blocks,
+                     cpu_native.best_isa())  # fmt: skip
         if self.kept_blocks:
             log.warning("%d quantized weights kept their GGUF blocks: int8 a feature would lose "
                         "their small blocks (Int8Tiles.faithful)", self.kept_blocks)  # fmt: skip

@@ -59,7 +59,7 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         for done, file in enumerate(files, 1):
             weights.update(load_file(file))
             progress.advance(done)
-        return common_names(_unpacked(weights, info, quantized), info)
+        return common_names(_unpacked(weights, info, quantized), info, quantized)
     if quantized:
         return read_gguf(path, info, quantized=True)
     cached = derived_path(path, "weights.safetensors", (__file__,))

@@ -14,9 +14,17 @@
 
 #define QPANEL 16
 #define QBLOCK 32
+/* MXFP4's e2m1 codes: stored as 4-bit codes are, read through a table as 2 e2m1 + 12 (0-24),
+ * with d half the block's power of two and m = -12 d. */
+#define QFP4 5
+#define QSTORED_BITS(bits) ((bits) == QFP4 ? 4 : (bits))
+/* e2m1 code (sign, two exponent bits, one mantissa bit) -> 2 e2m1 + 12, for vpshufb. */
+#define FP4_TABLE _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
 
 /* One block of a panel: codes, then d and m as fp16. */
-static inline long qblock_bytes(int bits) { return QPANEL * QBLOCK * bits / 8 + 2 * QPANEL * 2; }
+static inline long qblock_bytes(int bits) {
+    return QPANEL * QBLOCK * QSTORED_BITS(bits) / 8 + 2 * QPANEL * 2;
+}
 
 typedef struct {
     const int8_t *xq;      /* [M][K] the activations' codes */
@@ -92,10 +100,12 @@ void qproduct_avx512(const QProduct *p, long row, int rows, long panel);
 
 #define QPRODUCTS(NAME)                                                                      \
     QTILES(4)                                                                                \
+    QTILES(5)                                                                                \
     QTILES(6)                                                                                \
     QTILES(8)                                                                                \
     void NAME(const QProduct *p, long row, int rows, long panel) {                           \
         if (p->bits == 4) product4(p, row, rows, panel);                                     \
+        else if (p->bits == QFP4) product5(p, row, rows, panel);                             \
         else if (p->bits == 6) product6(p, row, rows, panel);                                \
         else product8(p, row, rows, panel);                                                  \
     }

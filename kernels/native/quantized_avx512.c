@@ -14,6 +14,9 @@
         w[c] = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));                          \
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); \
     }
+#define LOAD_CODES_5(blk, w)                                                                 \
+    LOAD_CODES_4(blk, w)                                                                     \
+    for (int c = 0; c < 8; c++) w[c] = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(FP4_TABLE), w[c]);
 #define LOAD_CODES_8(blk, w) \
     for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(blk + 64 * c);
 #define LOAD_CODES_6(blk, w)                                                                  \
@@ -30,7 +33,7 @@
 #define QTILE(BITS, ROWS)                                                                       \
     static void tile##BITS##_##ROWS(const QProduct *p, long row, long panel) {                  \
         const long blocks = p->K / QBLOCK, bytes = qblock_bytes(BITS);                          \
-        const long codes = QPANEL * QBLOCK * BITS / 8;                                          \
+        const long codes = QPANEL * QBLOCK * QSTORED_BITS(BITS) / 8;                            \
         __m512 out[ROWS];                                                                       \
         for (int j = 0; j < ROWS; j++) out[j] = _mm512_setzero_ps();                            \
         for (long b = 0; b < blocks; b++) {                                                     \

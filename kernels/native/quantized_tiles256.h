@@ -28,6 +28,9 @@ static inline __m256i codes_6(const uint8_t *blk, int c, int half) {
     __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * (c & 3)), _mm256_set1_epi8(3));
     return _mm256_or_si256(codes_4(blk, c, half), _mm256_slli_epi16(two, 4));
 }
+static inline __m256i codes_5(const uint8_t *blk, int c, int half) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(FP4_TABLE), codes_4(blk, c, half));
+}
 static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
     return _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
 }
@@ -38,7 +41,8 @@ static inline __m256i codes_8(const uint8_t *blk, int c, int half) {
 #define QTILE(BITS, ROWS)                                                                       \
     static void tile##BITS##_##ROWS(const QProduct *p, long row, long panel) {                  \
         const long blocks = p->K / QBLOCK, bytes = qblock_bytes(BITS);                          \
-        const long codes = QPANEL * QBLOCK * BITS / 8, words = p->K / 4; /* a row's, of codes */ \
+        const long codes = QPANEL * QBLOCK * QSTORED_BITS(BITS) / 8;                            \
+        const long words = p->K / 4; /* a row's, of codes */                                    \
         float tile[ROWS][QPANEL] = {0};                                                         \
         for (long b = 0; b < blocks; b++) {                                                     \
             const uint8_t *blk = p->w + (panel * blocks + b) * bytes;                           \

@@ -157,8 +157,9 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     for name, default in (("experts", 16), ("hidden", 512), ("inner", 512), ("top-k", 4)):
         command.add_argument(f"--{name}", type=int, default=default)
     command.add_argument("--repeats", type=int, default=7)
-    command.add_argument("--blocks", action="store_true",
-                         help="also the same values in Q4_K_M's GGUF blocks")  # fmt: skip
+    command.add_argument("--blocks", choices=["q4_k_m", "mxfp4"], default="",
+                         help="also the experts in these blocks (mxfp4: the bf16 paths on their "
+                              "values)")  # fmt: skip
     command.set_defaults(handler=experts)
     command = bench.add_parser("lora", help="a LoRA adapter's cost to a decode step, offline")
     command.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])

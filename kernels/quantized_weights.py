@@ -1,7 +1,8 @@
 """Weights kept in their GGUF blocks: each weight is `d * code + m`, one fp16 scale d and offset
 m per group of inputs of an output feature: groups of 32 with codes of 4 bits (Q4_0, Q4_1,
 Q4_K) or 8 (Q8_0, stored as the int8 plus 128); Q6_K's groups of 16 with 6-bit codes and
-m = -32 d. `gguf_blocks.py` unpacks a file's blocks into this form.
+m = -32 d; MXFP4's e2m1 codes (`FP4`) as 2 e2m1 + 12 with m = -12 d, stored in 4 bits.
+`gguf_blocks.py` unpacks a file's blocks into this form, `mxfp4_weights.py` gpt-oss's.
 
 `QuantizedWeight` is the model's view while it loads (rows can be picked, reordered and stacked,
 as the model does with dense weights); `pack` lays it out as `kernels/native/quantized*.c` and

@@ -1,6 +1,7 @@
 /* Projections on weights kept in their GGUF blocks (see kernels/quantized_weights.py): each
  * weight is `d * code + m` with one scale d and offset m (fp16) per block of 32 inputs of an
- * output feature, and codes of 4 or 8 bits; or (6 bits, Q6_K) d per 16 inputs and m = -32 d.
+ * output feature, and codes of 4 or 8 bits; or (6 bits, Q6_K) d per 16 inputs and m = -32 d;
+ * or MXFP4's e2m1 codes in 4 bits, read through a table (QFP4 below).
  * The activations are quantized per block of 32 to int8 (`qquantize_rows`, llama.cpp's way), so
  * a block's dot product is one integer sum (two for 6-bit codes, one a half):
  *   sum_k w_k x_k ~= d * dx * sum_k code_k xq_k + m * dx * sum_k xq_k.

@@ -10,9 +10,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from turnstile.bench.requantize import SCALES, random_blocks
+from turnstile.bench.requantize import SCALES, Q, random_blocks
 
-__all__ = ["SCALES", "LlamaShape", "random_blocks", "write_llama_gguf"]
+__all__ = ["SCALES", "LlamaShape", "Q", "random_blocks", "write_llama_gguf"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "experts.h"
 #include "quantized.h"
 #include "simd.h"
@@ -124,11 +126,16 @@ int quantized_experts(const QExperts *w, const float *x, long tokens, long top_k
     const Product product = qproduct_for((int)isa);
     const long inner_panels = inner / QPANEL, hidden_panels = hidden / QPANEL;
     quantize(x, tokens, hidden, xc);
+    /* Few rows: each thread a contiguous share of the tasks, its weights read as one stream
+     * (quantized.c's way); many: one task at a time, as experts' rows differ. */
+    const int few = pairs < 4 * TILE;
 #pragma omp parallel
     {
+        const long threads = omp_get_num_threads();
+        const long gate_up_chunk = few ? (group_count * inner_panels + threads - 1) / threads : 1;
 #pragma omp for schedule(static)
         for (long r = 0; r < pairs; r++) copy_codes(xc, pair_of[r] / top_k, rc, r, hidden);
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic, gate_up_chunk)
         for (long t = 0; t < group_count * inner_panels; t++) {
             const Group *g = &groups[t / inner_panels];
             const long e = g->expert, panel = t % inner_panels;
@@ -144,7 +151,9 @@ int quantized_experts(const QExperts *w, const float *x, long tokens, long top_k
     quantize(act, pairs, inner, ac);
 #pragma omp parallel
     {
-#pragma omp for schedule(dynamic)
+        const long threads = omp_get_num_threads();
+        const long down_chunk = few ? (group_count * hidden_panels + threads - 1) / threads : 1;
+#pragma omp for schedule(dynamic, down_chunk)
         for (long t = 0; t < group_count * hidden_panels; t++) {
             const Group *g = &groups[t / hidden_panels];
             const long e = g->expert;

@@ -49,6 +49,15 @@ class DecodeStep(ctypes.Structure):
     ]
 
 
+class Mixture(ctypes.Structure):
+    """decode_mixture.c's `Mixture`: a decode layer's router and experts."""
+
+    _fields_ = [
+        *((name, _PTR) for name in ("router", "router_bias", "experts")),
+        *((name, _LONG) for name in ("tiles", "count", "top_k", "normalize")),
+    ]
+
+
 class LoraPair(ctypes.Structure):
     """lora.c's `LoraPair`: an adapter's A [rank][in] and B transposed [rank][out], float32."""
 
@@ -86,7 +95,7 @@ _SIGNATURES = {
         _LONG,  # the ISA, numbered as ISAS
         _LONG,  # a bf16 cache on AMX tiles
     ],
-    "decode_layer": [_PTR] * 10 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer": [_PTR] * 11 + [ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "round_kv": [_PTR, _PTR, _LONG, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],

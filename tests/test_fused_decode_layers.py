@@ -39,7 +39,7 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
     for run in ("fused", "unfused"):
         with monkeypatch.context() as patch:
             if run == "unfused":
-                patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
+                patch.setattr(NativeDecode, "supports", staticmethod(lambda *_: False))
             engine = OfflineEngine(
                 build(
                     RunnerConfig,

@@ -3,7 +3,9 @@ Qwen3-MoE's in Q8_0 and Mixtral's (llama.cpp's llama architecture) in Q4_0, as l
 converter stacks them. Their bytes stay the file's; a token generates alike alone and batched
 (the experts dequantized to torch's grouped matmuls do not); the tokens and logprobs stay
 near those of the same file with its experts dequantized (the products' int8 activations
-differ). The kernel against torch's arithmetic on every block format: test_quantized_experts.py."""
+differ). Such a mixture, or bf16 experts on AMX tiles, runs in the fused decode layers
+(decode_mixture.c) as the model's layers run it. The kernel against torch's arithmetic on every
+block format: test_quantized_experts.py."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from gguf_convert import write_gguf
 from test_model_families import PROMPTS, _checkpoint
 
 from turnstile.executor_svc.backends.block_experts import BlockExperts
+from turnstile.executor_svc.backends.native_decode import NativeDecode
+from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.experts import Experts
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.kernels import cpu_native
@@ -38,9 +42,9 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
 
 
-def _engine(path: Path) -> OfflineEngine:
-    config = build(RunnerConfig, model=str(path), num_blocks=64, max_num_seqs=4)
-    return OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=256))
+def _engine(path: Path, **settings: str) -> OfflineEngine:
+    config = build(RunnerConfig, model=str(path), num_blocks=64, max_num_seqs=4, **settings)
+    return OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
 
 
 def _generate(engine: OfflineEngine, prompts: list[list[int]]) -> list:
@@ -74,3 +78,39 @@ def test_a_moe_gguf_files_experts_compute_on_their_blocks(
     for result, theirs in zip(batched, dense, strict=True):
         ours, expected = ([logprob for _, logprob in r.logprobs[0]] for r in (result, theirs))
         torch.testing.assert_close(torch.tensor(ours), torch.tensor(expected), atol=0.15, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["blocks", "tiles"])
+def test_a_mixture_in_the_fused_decode_layers_generates_what_the_model_layers_do(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step of a Q8_0 Qwen3-MoE file (experts on their blocks), or of a bf16 Mixtral
+    (experts on AMX tiles), through decode_layer.c, against the model's layers: the same
+    tokens, logprobs within the router's softmax in C against torch's (a few ulps)."""
+    from test_fused_decode_layers import _record_routes
+
+    if kind == "tiles" and not cpu_native.amx_tiles():
+        pytest.skip("bf16 experts take the tiles on a CPU with AMX-BF16 only")
+    family = "qwen3_moe" if kind == "blocks" else "mixtral"
+    _checkpoint(family, dense_layers=()).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf"
+    if kind == "blocks":
+        path = write_gguf(tmp_path / "hf", tmp_path / "moe.gguf", Q.Q8_0)
+    settings = {"dtype": "bfloat16"} if kind == "tiles" else {}
+    experts = BlockExperts if kind == "blocks" else TiledExperts
+    results, routes = {}, {}
+    for fused in (True, False):
+        with monkeypatch.context() as patch:
+            if not fused:
+                patch.setattr(NativeDecode, "supports", staticmethod(lambda *_: False))
+            engine = _engine(path, **settings)
+        assert all(isinstance(layer.experts, experts) for layer in engine.runner.model.layers)
+        routes[fused] = _record_routes(monkeypatch, engine.runner.backend)
+        results[fused] = _generate(engine, PROMPTS)
+    assert routes == {True: {"fused"}, False: {"layers"}}
+    for ours, theirs in zip(results[True], results[False], strict=True):
+        assert ours.token_ids == theirs.token_ids
+        for a, b in zip(ours.logprobs, theirs.logprobs, strict=True):
+            assert [token for token, _ in a] == [token for token, _ in b]
+            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in entries]) for entries in (a, b))
+            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-3, rtol=0)

@@ -42,7 +42,7 @@ def engine(
     modules = [f"{name}={folder}" for name, folder in folders.items()]
     with mp.context() as patch:
         if not fused:
-            patch.setattr(NativeDecode, "supports", staticmethod(lambda _: False))
+            patch.setattr(NativeDecode, "supports", staticmethod(lambda *_: False))
         built = OfflineEngine(
             build(RunnerConfig, num_blocks=64, max_num_seqs=8, enable_lora=True,
                   lora_modules=modules, **settings),

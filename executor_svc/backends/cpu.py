@@ -180,7 +180,7 @@ class CpuNativeBackend(Backend):
 
     def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
         super().bind(model, kv_caches, lora)
-        if NativeDecode.supports(model.info) and model.tp.size == 1:  # whole layers only
+        if model.tp.size == 1 and NativeDecode.supports(model.info, model.layers):  # whole layers
             self._native = NativeDecode(
                 model.info, model.layers, model.rotations[0], self.attention_tiles
             )

@@ -11,15 +11,19 @@ import ctypes
 
 import torch
 
+from turnstile.executor_svc.backends.block_experts import BlockExperts
 from turnstile.executor_svc.backends.packed_projection import NativeProjection
+from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.lora import FUSED, LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import Projection
+from turnstile.executor_svc.model.routers import SoftmaxRouter
 from turnstile.kernels import cpu_native, native_attention
 from turnstile.kernels.reference import DecodePlan
 from turnstile.shared.model_info import ModelInfo
 
 PROFILE_LABEL = "native::decode_layers"  # what `turnstile bench step` finds them by
+FUSED_EXPERTS = (BlockExperts, TiledExperts)  # the experts decode_mixture.c calls
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -33,7 +37,27 @@ def _projection(projection: Projection) -> NativeProjection:
 
 
 def _projections(layer: LayerWeights) -> tuple[Projection, ...]:
-    return layer.qkv, layer.o_proj, layer.gate_up, layer.down
+    """Its projections: a mixture's layer has no gate_up and down."""
+    dense = () if layer.experts is not None else (layer.gate_up, layer.down)
+    return layer.qkv, layer.o_proj, *dense  # type: ignore[return-value]
+
+
+def _mixture(layer: LayerWeights) -> tuple[cpu_native.Mixture, cpu_native.NativeWeight] | None:
+    """A layer's experts as decode_mixture.c takes them, with the router's weight it points at;
+    None where its MLP is dense."""
+    experts = layer.experts
+    if experts is None:
+        return None
+    assert isinstance(experts, FUSED_EXPERTS) and isinstance(experts.router, SoftmaxRouter)
+    router = experts.router
+    logits = _projection(router.logits)
+    weight = logits.native_weight()
+    native = experts.native if isinstance(experts, TiledExperts) else experts.packed.native
+    mixture = cpu_native.Mixture(
+        ctypes.addressof(weight), _address(logits.bias), ctypes.addressof(native),
+        isinstance(experts, TiledExperts), native.experts, router.top_k, router.normalize,
+    )  # fmt: skip
+    return mixture, weight
 
 
 def _bias(projection: Projection) -> torch.Tensor | None:
@@ -42,12 +66,20 @@ def _bias(projection: Projection) -> torch.Tensor | None:
 
 class NativeDecode:
     @staticmethod
-    def supports(info: ModelInfo) -> bool:
+    def supports(info: ModelInfo, layers: list[LayerWeights]) -> bool:
         """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP,
-        on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor experts, nor
-        Granite's scales, nor SmolLM3's layers without RoPE, nor OLMo 2's norms, nor gpt-oss's
-        sinks)."""
-        llama_layer = info.hidden_act == "silu" and info.norms == "pre" and not info.num_experts
+        on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor Granite's scales,
+        nor SmolLM3's layers without RoPE, nor OLMo 2's norms, nor gpt-oss's sinks), its MLP
+        or a mixture of experts routed by a softmax, on AMX tiles or GGUF blocks, without
+        shared experts (decode_mixture.c)."""
+        llama_layer = info.hidden_act == "silu" and info.norms == "pre"
+        llama_layer &= not info.shared_expert_size and all(
+            layer.experts is None
+            or (isinstance(layer.experts, FUSED_EXPERTS)
+                and isinstance(layer.experts.router, SoftmaxRouter)
+                and isinstance(layer.experts.router.logits, NativeProjection))
+            for layer in layers
+        )  # fmt: skip
         llama_layer &= info.qk_norm != "all"
         llama_layer &= not info.attention_scale and not info.local_rope_theta
         llama_layer &= not info.nope_layers and not info.attention_sinks
@@ -77,6 +109,7 @@ class NativeDecode:
         self._descriptors = [
             [_projection(p).native_weight() for p in _projections(layer)] for layer in layers
         ]
+        self._mixtures = [_mixture(layer) for layer in layers]
         self._weights = [
             (
                 _address(layer.input_norm),
@@ -85,10 +118,12 @@ class NativeDecode:
                 _address(layer.qk_norm),
                 ctypes.addressof(o_proj),
                 _address(layer.post_norm),
-                ctypes.addressof(gate_up),
-                ctypes.addressof(down),
+                *([ctypes.addressof(w) for w in mlp] or [None, None]),  # gate_up, down
+                None if mixture is None else ctypes.addressof(mixture[0]),
             )
-            for layer, (qkv, o_proj, gate_up, down) in zip(layers, self._descriptors, strict=True)
+            for layer, (qkv, o_proj, *mlp), mixture in zip(
+                layers, self._descriptors, self._mixtures, strict=True
+            )
         ]
 
     def _scratch_for(self, floats: int) -> torch.Tensor:

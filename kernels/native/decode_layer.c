@@ -1,7 +1,7 @@
 /* One Llama decoder layer for a step where every row decodes one token, in one call: RMSNorm,
  * the fused QKV projection, RoPE, the KV-cache write, paged attention, the output projection
  * with its residual, RMSNorm, gate-up, SiLU(gate) * up and the down projection with its
- * residual. On the torch path that is some twenty calls a layer, each with Python and dispatch
+ * residual, or a mixture of experts in their place (decode_mixture.c). On the torch path that is some twenty calls a layer, each with Python and dispatch
  * costs that outweigh the arithmetic when a step has one or a few rows. */
 #include <math.h>
 #include <stdint.h>
@@ -43,6 +43,10 @@ typedef struct Weight {
     const float *scales;
     long tiles;
 } Weight;
+
+/* A layer's mixture of experts (decode_mixture.c). */
+typedef struct Mixture Mixture;
+int mixture_rows(const Mixture *m, const float *x, float *hidden, long rows, long n, long isa);
 
 /* LoRA adapters' pairs on a row's projections (lora.c). */
 typedef struct LoraPair LoraPair;
@@ -131,12 +135,13 @@ void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
     }
 }
 
-/* -1 where a buffer could not be allocated. `lora`: the layer's LoRA pairs, [qkv, o_proj,
- * gate_up, down][adapter], or NULL where no row runs an adapter. */
+/* -1 where a buffer could not be allocated. `mixture`: the layer's experts, in place of
+ * gate_up and down (NULL: a dense MLP). `lora`: the layer's LoRA pairs, [qkv, o_proj, gate_up,
+ * down][adapter], or NULL where no row runs an adapter. */
 int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, const float *qkv_bias,
                  const float *qk_norm, const Weight *o_proj, const float *post_norm,
-                 const Weight *gate_up, const Weight *down, const LoraPair *const *lora,
-                 const Step *s) {
+                 const Weight *gate_up, const Weight *down, const Mixture *mixture,
+                 const LoraPair *const *lora, const Step *s) {
     const long rows = s->rows, q_width = s->heads * s->dim, isa = s->isa;
     const long qkv_width = q_width + 2 * s->kv_heads * s->dim, inner = s->intermediate;
     float *projected = s->scratch, *queries = projected + rows * qkv_width;
@@ -154,6 +159,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
     if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
     rms_norm_rows(hidden, post_norm, x, rows, s->hidden, s->eps);
+    if (mixture) return mixture_rows(mixture, x, hidden, rows, s->hidden, isa);
     const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
     if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
         if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from turnstile.kernels.native_build import build, cpu_flags, library_path
+from turnstile.kernels.native_structs import DecodeLayer, DecodeStep, NativeWeight
 
 log = logging.getLogger(__name__)
 
@@ -25,55 +26,6 @@ PANEL = 16  # output features per weight panel, as in gemm.c
 PROFILE_LABEL = "native::linear"  # what `turnstile bench step` finds it by
 
 _PTR, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-
-
-class DecodeStep(ctypes.Structure):
-    """decode_layer.c's `Step`: the shapes and per-step inputs every layer of a step shares."""
-
-    _fields_ = [
-        *((name, _LONG) for name in ("rows", "hidden", "intermediate", "heads", "kv_heads", "dim")),
-        ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("k_cache", _PTR),
-        ("v_cache", _PTR),
-        ("kv_format", _LONG),
-        *((name, _PTR) for name in ("slots", "rotations", "block_tables")),
-        ("width", _LONG),
-        ("block_size", _LONG),
-        ("seq_lens", _PTR),
-        ("scratch", _PTR),
-        ("window", _LONG),
-        ("isa", _LONG),
-        ("tiles", _LONG),
-        ("adapters", _PTR),
-    ]
-
-
-class Mixture(ctypes.Structure):
-    """decode_mixture.c's `Mixture`: a decode layer's router and experts."""
-
-    _fields_ = [
-        *((name, _PTR) for name in ("router", "router_bias", "experts")),
-        *((name, _LONG) for name in ("tiles", "count", "top_k", "normalize")),
-    ]
-
-
-class LoraPair(ctypes.Structure):
-    """lora.c's `LoraPair`: an adapter's A [rank][in] and B transposed [rank][out], float32."""
-
-    _fields_ = [("a", _PTR), ("bt", _PTR), ("rank", _LONG)]
-
-
-class NativeWeight(ctypes.Structure):
-    """decode_layer.c's `Weight`: a projection's packed weight and the bits of a value there;
-    quantized parts in different formats chained (`rows` features here, then `next`'s); int8
-    tiles with their scales a feature (`scales`); bf16 panels on AMX-BF16 tiles (`tiles`)."""
-
-
-NativeWeight._fields_ = [
-    ("data", _PTR), ("bits", _LONG), ("rows", _LONG), ("next", ctypes.POINTER(NativeWeight)),
-    ("scales", _PTR), ("tiles", _LONG),
-]  # fmt: skip
 
 
 _SIGNATURES = {
@@ -95,7 +47,7 @@ _SIGNATURES = {
         _LONG,  # the ISA, numbered as ISAS
         _LONG,  # a bf16 cache on AMX tiles
     ],
-    "decode_layer": [_PTR] * 11 + [ctypes.POINTER(DecodeStep)],
+    "decode_layer": [_PTR, ctypes.POINTER(DecodeLayer), _PTR, ctypes.POINTER(DecodeStep)],
     "decode_layer_scratch": [_LONG] * 6,
     "round_kv": [_PTR, _PTR, _LONG, _LONG, _LONG],
     "argmax_rows": [_PTR, _LONG, _LONG, _PTR],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from turnstile.kernels import cpu_native
+from turnstile.kernels.native_structs import NativeWeight
 
 PANEL = 16  # output features a tile
 QUAD = 64  # inputs a tile: 16 rows of 4
@@ -57,11 +57,9 @@ class Int8Tiles:
         rows = self.tiles.permute(0, 3, 1, 2, 4).reshape(panels * PANEL, quads * QUAD)
         return rows[:out, :inputs]
 
-    def native_weight(self) -> cpu_native.NativeWeight:
+    def native_weight(self) -> NativeWeight:
         """As the native products take it (kept alive by its holder with these tensors)."""
-        return cpu_native.NativeWeight(
-            self.tiles.data_ptr(), 8, self.shape[0], scales=self.scales.data_ptr()
-        )
+        return NativeWeight(self.tiles.data_ptr(), 8, self.shape[0], scales=self.scales.data_ptr())
 
     def dequantize(self) -> torch.Tensor:
         return self.codes().float() * self.scales[: self.shape[0], None]

@@ -3,15 +3,20 @@ backend's model layers, on every route a step can take."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from conftest import fixed_length_requests
 
 from turnstile.executor_svc import step_layout
 from turnstile.executor_svc.backend import Backend
 from turnstile.executor_svc.backends.native_decode import NativeDecode
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.step_layout import SHORT_PREFILL_TOKENS
+from turnstile.offline import OfflineEngine
 from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.protocol import SamplingParams
 from turnstile.shared.settings import build
 
 
@@ -29,7 +34,6 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
     the 40-token prompt while the others decode, so steps mix prefill and decode rows; with
     short prefills allowed, every token of them is a row of the fused layers, else the prefill
     rows take the model's layers beside."""
-    from turnstile.offline import OfflineEngine
     from turnstile.shared.protocol import AddRequest, pack_ids
 
     monkeypatch.setattr(step_layout, "SHORT_PREFILL_TOKENS", short_prefill_tokens)
@@ -66,6 +70,33 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
     assert routes["unfused"] == {"layers"}
     expected = {"fused"} if short_prefill_tokens else {"layers", "split", "fused"}
     assert routes["fused"] == expected
+
+
+def fused_generates_what_the_layers_do(
+    monkeypatch: pytest.MonkeyPatch, engine: Callable[[], OfflineEngine], new_tokens: int = 16
+) -> list[OfflineEngine]:
+    """Every step of a model through decode_layer.c, against the model's layers (both engines
+    returned): the same tokens on PROMPTS, logprobs within the C softmaxes against torch's (a
+    few ulps)."""
+    from test_model_families import PROMPTS
+
+    results, routes, engines = {}, {}, []
+    for fused in (True, False):
+        with monkeypatch.context() as patch:
+            if not fused:
+                patch.setattr(NativeDecode, "supports", staticmethod(lambda *_: False))
+            engines.append(engine())
+        routes[fused] = _record_routes(monkeypatch, engines[-1].runner.backend)
+        requests = fixed_length_requests(PROMPTS, SamplingParams(logprobs=5), new_tokens)
+        results[fused] = engines[-1].generate(requests)
+    assert routes == {True: {"fused"}, False: {"layers"}}
+    for ours, theirs in zip(results[True], results[False], strict=True):
+        assert ours.token_ids == theirs.token_ids
+        for a, b in zip(ours.logprobs, theirs.logprobs, strict=True):
+            assert [token for token, _ in a] == [token for token, _ in b]
+            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in entries]) for entries in (a, b))
+            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-3, rtol=0)
+    return engines
 
 
 def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str]:

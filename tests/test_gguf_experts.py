@@ -19,7 +19,6 @@ from gguf_convert import write_gguf
 from test_model_families import PROMPTS, _checkpoint
 
 from turnstile.executor_svc.backends.block_experts import BlockExperts
-from turnstile.executor_svc.backends.native_decode import NativeDecode
 from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.experts import Experts
 from turnstile.executor_svc.runner_config import RunnerConfig
@@ -87,7 +86,7 @@ def test_a_mixture_in_the_fused_decode_layers_generates_what_the_model_layers_do
     """Every step of a Q8_0 Qwen3-MoE file (experts on their blocks), or of a bf16 Mixtral
     (experts on AMX tiles), through decode_layer.c, against the model's layers: the same
     tokens, logprobs within the router's softmax in C against torch's (a few ulps)."""
-    from test_fused_decode_layers import _record_routes
+    from test_fused_decode_layers import fused_generates_what_the_layers_do
 
     if kind == "tiles" and not cpu_native.amx_tiles():
         pytest.skip("bf16 experts take the tiles on a CPU with AMX-BF16 only")
@@ -98,19 +97,6 @@ def test_a_mixture_in_the_fused_decode_layers_generates_what_the_model_layers_do
         path = write_gguf(tmp_path / "hf", tmp_path / "moe.gguf", Q.Q8_0)
     settings = {"dtype": "bfloat16"} if kind == "tiles" else {}
     experts = BlockExperts if kind == "blocks" else TiledExperts
-    results, routes = {}, {}
-    for fused in (True, False):
-        with monkeypatch.context() as patch:
-            if not fused:
-                patch.setattr(NativeDecode, "supports", staticmethod(lambda *_: False))
-            engine = _engine(path, **settings)
+    engines = fused_generates_what_the_layers_do(monkeypatch, lambda: _engine(path, **settings))
+    for engine in engines:
         assert all(isinstance(layer.experts, experts) for layer in engine.runner.model.layers)
-        routes[fused] = _record_routes(monkeypatch, engine.runner.backend)
-        results[fused] = _generate(engine, PROMPTS)
-    assert routes == {True: {"fused"}, False: {"layers"}}
-    for ours, theirs in zip(results[True], results[False], strict=True):
-        assert ours.token_ids == theirs.token_ids
-        for a, b in zip(ours.logprobs, theirs.logprobs, strict=True):
-            assert [token for token, _ in a] == [token for token, _ in b]
-            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in entries]) for entries in (a, b))
-            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-3, rtol=0)

@@ -113,3 +113,35 @@ def test_mxfp4_is_refused_for_another_family(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModel, match="quant_method"):
         read_model_info(tmp_path)
+
+
+@pytest.mark.parametrize("experts", ["tiles", "blocks"])
+def test_gpt_oss_in_the_fused_decode_layers_generates_what_its_layers_do(
+    experts: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 experts on AMX tiles, or MXFP4 ones on their blocks, with gpt-oss's sinks, biases
+    and sliding layer in decode_layer.c (one call a layer) against the model's layers."""
+    from test_fused_decode_layers import fused_generates_what_the_layers_do
+
+    from turnstile.executor_svc.backends.native_decode import FUSED_EXPERTS
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.kernels import cpu_native
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.config import SchedulingConfig
+    from turnstile.shared.settings import build
+
+    if cpu_native.library() is None or (experts == "tiles" and not cpu_native.amx_tiles()):
+        pytest.skip("bf16 experts take the tiles on a CPU with AMX-BF16 only")
+    _gpt_oss(tmp_path / "dense")
+    path, settings = tmp_path / "dense", {"dtype": "bfloat16"}
+    if experts == "blocks":
+        path, settings = tmp_path / "mxfp4", {}
+        _as_mxfp4(tmp_path / "dense", path)
+
+    def engine() -> OfflineEngine:
+        config = build(RunnerConfig, model=str(path), num_blocks=64, max_num_seqs=4, **settings)
+        return OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
+
+    # 40 tokens: past the sliding layer's window of 24
+    for run in fused_generates_what_the_layers_do(monkeypatch, engine, new_tokens=40):
+        assert all(isinstance(layer.experts, FUSED_EXPERTS) for layer in run.runner.model.layers)

@@ -19,6 +19,13 @@ from turnstile.executor_svc.model.lora import FUSED, LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import Projection
 from turnstile.executor_svc.model.routers import SoftmaxRouter
 from turnstile.kernels import cpu_native, native_attention
+from turnstile.kernels.native_structs import (
+    DecodeLayer,
+    DecodeStep,
+    LoraPair,
+    Mixture,
+    NativeWeight,
+)
 from turnstile.kernels.reference import DecodePlan
 from turnstile.shared.model_info import ModelInfo
 
@@ -42,7 +49,7 @@ def _projections(layer: LayerWeights) -> tuple[Projection, ...]:
     return layer.qkv, layer.o_proj, *dense  # type: ignore[return-value]
 
 
-def _mixture(layer: LayerWeights) -> tuple[cpu_native.Mixture, cpu_native.NativeWeight] | None:
+def _mixture(layer: LayerWeights) -> tuple[Mixture, NativeWeight] | None:
     """A layer's experts as decode_mixture.c takes them, with the router's weight it points at;
     None where its MLP is dense."""
     experts = layer.experts
@@ -53,7 +60,7 @@ def _mixture(layer: LayerWeights) -> tuple[cpu_native.Mixture, cpu_native.Native
     logits = _projection(router.logits)
     weight = logits.native_weight()
     native = experts.native if isinstance(experts, TiledExperts) else experts.packed.native
-    mixture = cpu_native.Mixture(
+    mixture = Mixture(
         ctypes.addressof(weight), _address(logits.bias), ctypes.addressof(native),
         isinstance(experts, TiledExperts), native.experts, router.top_k, router.normalize,
     )  # fmt: skip
@@ -69,9 +76,9 @@ class NativeDecode:
     def supports(info: ModelInfo, layers: list[LayerWeights]) -> bool:
         """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP,
         on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor Granite's scales,
-        nor SmolLM3's layers without RoPE, nor OLMo 2's norms, nor gpt-oss's sinks), its MLP
-        or a mixture of experts routed by a softmax, on AMX tiles or GGUF blocks, without
-        shared experts (decode_mixture.c)."""
+        nor SmolLM3's layers without RoPE, nor OLMo 2's norms), its MLP or a mixture of
+        experts routed by a softmax, on AMX tiles or GGUF or MXFP4 blocks, without shared
+        experts (decode_mixture.c); gpt-oss's biases and sinks."""
         llama_layer = info.hidden_act == "silu" and info.norms == "pre"
         llama_layer &= not info.shared_expert_size and all(
             layer.experts is None
@@ -82,7 +89,7 @@ class NativeDecode:
         )  # fmt: skip
         llama_layer &= info.qk_norm != "all"
         llama_layer &= not info.attention_scale and not info.local_rope_theta
-        llama_layer &= not info.nope_layers and not info.attention_sinks
+        llama_layer &= not info.nope_layers
         llama_layer &= info.residual_multiplier == 1
         return info.head_dim % 8 == 0 and info.intermediate_size % 8 == 0 and llama_layer
 
@@ -110,16 +117,18 @@ class NativeDecode:
             [_projection(p).native_weight() for p in _projections(layer)] for layer in layers
         ]
         self._mixtures = [_mixture(layer) for layer in layers]
-        self._weights = [
-            (
+        self._layers = [
+            DecodeLayer(
                 _address(layer.input_norm),
-                ctypes.addressof(qkv),
+                ctypes.pointer(qkv),
                 _address(_bias(layer.qkv)),
                 _address(layer.qk_norm),
-                ctypes.addressof(o_proj),
+                ctypes.pointer(o_proj),
+                _address(_bias(layer.o_proj)),
+                _address(layer.sinks),
                 _address(layer.post_norm),
-                *([ctypes.addressof(w) for w in mlp] or [None, None]),  # gate_up, down
-                None if mixture is None else ctypes.addressof(mixture[0]),
+                *[ctypes.pointer(w) for w in mlp],  # gate_up, down; NULL with a mixture
+                mixture=None if mixture is None else ctypes.pointer(mixture[0]),
             )
             for layer, (qkv, o_proj, *mlp), mixture in zip(
                 layers, self._descriptors, self._mixtures, strict=True
@@ -144,11 +153,11 @@ class NativeDecode:
             for layer in weights.layers:
                 projections = []
                 for name in FUSED:
-                    pairs = (cpu_native.LoraPair * count)()
+                    pairs = (LoraPair * count)()
                     for slot, (a, b) in layer[name].items():
                         a, bt = a.float().contiguous(), b.float().t().contiguous()
                         kept += (a, bt)
-                        pairs[slot] = cpu_native.LoraPair(a.data_ptr(), bt.data_ptr(), a.shape[0])
+                        pairs[slot] = LoraPair(a.data_ptr(), bt.data_ptr(), a.shape[0])
                     kept.append(pairs)  # type: ignore[arg-type]
                     projections.append(ctypes.cast(pairs, ctypes.c_void_p))
                 tables.append((ctypes.c_void_p * len(FUSED))(*projections))
@@ -173,7 +182,7 @@ class NativeDecode:
         shape = (rows, info.hidden_size, info.intermediate_size)
         shape += (info.num_heads, info.num_kv_heads, info.head_dim)
         scratch = self._scratch_for(self._lib.decode_layer_scratch(*shape))
-        step = cpu_native.DecodeStep(
+        step = DecodeStep(
             *shape,
             info.rms_norm_eps,
             info.head_dim**-0.5,
@@ -191,7 +200,7 @@ class NativeDecode:
             self._isa,
             self._tiles,
         )
-        tables: list[ctypes.Array | None] = [None] * len(self._weights)
+        tables: list[ctypes.Array | None] = [None] * len(self._layers)
         if lora is not None:
             tables = self._lora_tables(lora.weights)  # type: ignore[assignment]
             adapters = torch.full((rows,), -1, dtype=torch.int64)
@@ -200,10 +209,10 @@ class NativeDecode:
             step.adapters = adapters.data_ptr()
         pointer = ctypes.byref(step)
         with torch.profiler.record_function(PROFILE_LABEL):
-            layers = zip(kv_caches, self._weights, self._windows, tables, strict=True)
-            for (k_cache, v_cache), weights, window, table in layers:
+            layers = zip(kv_caches, self._layers, self._windows, tables, strict=True)
+            for (k_cache, v_cache), layer, window, table in layers:
                 step.k_cache, step.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
                 step.window = window
-                if self._lib.decode_layer(hidden.data_ptr(), *weights, table, pointer):
+                if self._lib.decode_layer(hidden.data_ptr(), ctypes.byref(layer), table, pointer):
                     raise MemoryError("a native decode layer could not allocate its buffers")
         return hidden

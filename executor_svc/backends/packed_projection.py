@@ -12,6 +12,7 @@ import torch
 
 from turnstile.kernels import cpu_native
 from turnstile.kernels.int8_tiles import Int8Tiles
+from turnstile.kernels.native_structs import NativeWeight
 from turnstile.kernels.quantized_weights import PackedWeight
 
 
@@ -35,10 +36,10 @@ class PackedProjection:
         packed, out, bias = self.packed, self.out_features, self.bias
         return cpu_native.linear(x, packed, out, bias, residual, self.tiles)
 
-    def native_weight(self) -> cpu_native.NativeWeight:
+    def native_weight(self) -> NativeWeight:
         """The panels as the fused decode layers take them."""
         bits = 8 * self.packed.element_size()
-        return cpu_native.NativeWeight(self.packed.data_ptr(), bits, self.out_features,
+        return NativeWeight(self.packed.data_ptr(), bits, self.out_features,
                                        tiles=self.tiles)  # fmt: skip
 
 
@@ -54,8 +55,7 @@ class QuantizedProjection:
         self.bias = None if bias is None else bias.float()
         # decode_layer.c's chained `Weight`s, kept alive with the panels they point at.
         self._chain = [
-            cpu_native.NativeWeight(part.panels.data_ptr(), part.bits, part.shape[0])
-            for part in parts
+            NativeWeight(part.panels.data_ptr(), part.bits, part.shape[0]) for part in parts
         ]
         for part, below in itertools.pairwise(self._chain):
             part.next = ctypes.pointer(below)
@@ -63,7 +63,7 @@ class QuantizedProjection:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return cpu_native.linear_weight(x, self._chain[0], self.out_features, self.bias, residual)
 
-    def native_weight(self) -> cpu_native.NativeWeight:
+    def native_weight(self) -> NativeWeight:
         return self._chain[0]
 
 
@@ -82,7 +82,7 @@ class TiledProjection:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return cpu_native.linear_weight(x, self._weight, self.out_features, self.bias, residual)
 
-    def native_weight(self) -> cpu_native.NativeWeight:
+    def native_weight(self) -> NativeWeight:
         return self._weight
 
 

@@ -46,6 +46,19 @@ typedef struct Weight {
 
 /* A layer's mixture of experts (decode_mixture.c). */
 typedef struct Mixture Mixture;
+
+/* A layer's weights; NULL where the model has none: biases (Qwen2's q, k, v; gpt-oss's all
+ * four), `qk_norm` (Qwen3), `sinks` (gpt-oss: a logit a head in its softmax's sum),
+ * gate_up and down where `mixture` takes the MLP's place. */
+typedef struct {
+    const float *input_norm;
+    const Weight *qkv;
+    const float *qkv_bias, *qk_norm;
+    const Weight *o_proj;
+    const float *o_bias, *sinks, *post_norm;
+    const Weight *gate_up, *down;
+    const Mixture *mixture;
+} Layer;
 int mixture_rows(const Mixture *m, const float *x, float *hidden, long rows, long n, long isa);
 
 /* LoRA adapters' pairs on a row's projections (lora.c). */
@@ -135,31 +148,29 @@ void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
     }
 }
 
-/* -1 where a buffer could not be allocated. `mixture`: the layer's experts, in place of
- * gate_up and down (NULL: a dense MLP). `lora`: the layer's LoRA pairs, [qkv, o_proj, gate_up,
- * down][adapter], or NULL where no row runs an adapter. */
-int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, const float *qkv_bias,
-                 const float *qk_norm, const Weight *o_proj, const float *post_norm,
-                 const Weight *gate_up, const Weight *down, const Mixture *mixture,
-                 const LoraPair *const *lora, const Step *s) {
+/* -1 where a buffer could not be allocated. `lora`: the layer's LoRA pairs, [qkv, o_proj,
+ * gate_up, down][adapter], or NULL where no row runs an adapter. */
+int decode_layer(float *hidden, const Layer *l, const LoraPair *const *lora, const Step *s) {
     const long rows = s->rows, q_width = s->heads * s->dim, isa = s->isa;
     const long qkv_width = q_width + 2 * s->kv_heads * s->dim, inner = s->intermediate;
+    const Weight *gate_up = l->gate_up;
     float *projected = s->scratch, *queries = projected + rows * qkv_width;
     float *attn = queries + rows * q_width, *x = attn + rows * q_width;
     float *gu = x + rows * s->hidden, *act = gu + rows * 2 * inner;
-    rms_norm_rows(hidden, input_norm, x, rows, s->hidden, s->eps);
-    if (linear_weight(x, qkv, projected, qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
+    rms_norm_rows(hidden, l->input_norm, x, rows, s->hidden, s->eps);
+    if (linear_weight(x, l->qkv, projected, l->qkv_bias, NULL, rows, qkv_width, s->hidden, isa))
         return -1;
     if (lora) lora_add(x, projected, rows, s->hidden, qkv_width, qkv_width, s->adapters, lora[0]);
-    rotate_and_cache(s, projected, qk_norm, queries);
+    rotate_and_cache(s, projected, l->qk_norm, queries);
     if (paged_decode_attention(queries, s->k_cache, s->v_cache, s->kv_format, s->block_tables,
                                s->width, s->seq_lens, attn, rows, s->heads, s->kv_heads, s->dim,
-                               s->block_size, s->scale, s->window, 0.0f, NULL, isa, s->tiles))
+                               s->block_size, s->scale, s->window, 0.0f, l->sinks, isa, s->tiles))
         return -1;
-    if (linear_weight(attn, o_proj, hidden, NULL, hidden, rows, s->hidden, q_width, isa)) return -1;
+    if (linear_weight(attn, l->o_proj, hidden, l->o_bias, hidden, rows, s->hidden, q_width, isa))
+        return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
-    rms_norm_rows(hidden, post_norm, x, rows, s->hidden, s->eps);
-    if (mixture) return mixture_rows(mixture, x, hidden, rows, s->hidden, isa);
+    rms_norm_rows(hidden, l->post_norm, x, rows, s->hidden, s->eps);
+    if (l->mixture) return mixture_rows(l->mixture, x, hidden, rows, s->hidden, isa);
     const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
     if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
         if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden)
@@ -172,7 +183,7 @@ int decode_layer(float *hidden, const float *input_norm, const Weight *qkv, cons
         if (lora) lora_add(x, gu, rows, s->hidden, 2 * inner, 2 * inner, s->adapters, lora[2]);
         silu_and_multiply(gu, act, rows, inner);
     }
-    if (linear_weight(act, down, hidden, NULL, hidden, rows, s->hidden, inner, isa)) return -1;
+    if (linear_weight(act, l->down, hidden, NULL, hidden, rows, s->hidden, inner, isa)) return -1;
     if (lora) lora_add(act, hidden, rows, inner, s->hidden, s->hidden, s->adapters, lora[3]);
     return 0;
 }

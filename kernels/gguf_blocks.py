@@ -15,19 +15,31 @@ import gguf
 import numpy as np
 import torch
 
+from turnstile.kernels.mxfp4_weights import fp4_weight
 from turnstile.kernels.quantized_weights import BITS, Q, QuantizedWeight
 
 
+class Unkept(ValueError):
+    """A tensor whose blocks cannot be kept as `QuantizedWeight` holds them."""
+
+
 def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWeight:
-    """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked."""
+    """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked;
+    `Unkept` where float16 cannot hold their scales."""
     rows = data.shape[0]
     block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
     with warnings.catch_warnings():  # a read-only map of the file: only read here
         warnings.simplefilter("ignore", UserWarning)
         raw = torch.from_numpy(np.ascontiguousarray(data).view(np.uint8))
-    codes, scale, offset = _UNPACK[kind](raw.reshape(rows, -1, block_bytes))
+    raw = raw.reshape(rows, -1, block_bytes)
+    if kind == Q.MXFP4:  # a byte of e8m0 scale, then 16 of codes in llama.cpp's nibble order
+        kept = fp4_weight(_nibbles(raw[..., 1:]).reshape(rows, -1), raw[..., 0])
+        if kept is None:
+            raise Unkept("an MXFP4 block's power of two is beyond float16's exact ones")
+        return kept
+    codes, scale, offset = _UNPACK[kind](raw)
     if not (torch.isfinite(scale).all() and torch.isfinite(offset).all()):
-        raise ValueError(f"a {kind.name} block's scale or offset overflows float16")
+        raise Unkept(f"a {kind.name} block's scale or offset overflows float16")
     return QuantizedWeight(
         codes.reshape(rows, -1).contiguous(),
         scale.reshape(rows, -1).contiguous(),

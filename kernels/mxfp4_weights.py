@@ -40,6 +40,12 @@ def mxfp4_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> QuantizedWeight 
     as 2 e2m1 + 12 (0-24), d = 2^(scale - 128) and m = -12 d in float16; None where a block's d
     or m is not a float16 exactly (scales outside 2^-23 to 2^13)."""
     nibbles = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-3)
+    return fp4_weight(nibbles, scales)
+
+
+def fp4_weight(nibbles: torch.Tensor, scales: torch.Tensor) -> QuantizedWeight | None:
+    """e2m1 codes [rows, inputs] in element order and their blocks' e8m0 `scales` [rows,
+    groups] as `mxfp4_blocks` keeps them; None where float16 does not hold d and m exactly."""
     d = torch.ldexp(torch.ones(scales.shape), scales.to(torch.int32) - 128)
     scale, offset = d.half(), (-12 * d).half()
     if not (torch.equal(scale.float(), d) and torch.equal(offset.float(), -12 * d)):

@@ -30,7 +30,7 @@ _NIBBLES = torch.zeros(25, dtype=torch.uint8).index_put_(
     (FP4_CODES.long(),), torch.arange(16, dtype=torch.uint8)
 )
 # The GGUF block types kept as they are, and their codes' width (6: Q6_K's layout).
-BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q6_K: 6}
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q6_K: 6, Q.MXFP4: FP4}
 
 
 @dataclass(slots=True, frozen=True)

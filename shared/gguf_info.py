@@ -25,11 +25,16 @@ Field = Callable[..., Any]  # field(key, default=None): a metadata value
 Tensors = dict[str, TensorInfo]
 GEMMA = ("gemma2", "gemma3")
 # llama.cpp's sliding-layer pattern n (a layer slides unless it is the last of each n) and the
-# layer count of the 27B model, whose attention scale comes from hidden / heads.
-_GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
+# layer count of Gemma's 27B models, whose attention scale comes from hidden / heads.
+_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding layers, fixed in llama.cpp
 _FLOATS = {0: "f4", 1: "f2"}  # GGML's F32 and F16: the types a factors' vector is stored in
+# gpt-oss's: what llama.cpp fixes for the architecture, as transformers' config has it
+_GPT_OSS = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "attention_sinks": True,
+            "chat_format": "harmony"}  # fmt: skip
+# The tokens that end a gpt-oss answer, as its generation_config.json lists them.
+_GPT_OSS_ENDS = ("<|return|>", "<|endoftext|>", "<|call|>")
 
 
 def gguf_fields(path: Path) -> dict[str, Any]:
@@ -87,7 +92,16 @@ def gguf_fields(path: Path) -> dict[str, Any]:
         "logits_scaling": float(field(f"{arch}.logit_scale", 1.0)),
         **_experts(arch, field, layers, tensors),
         **gguf_pooling(arch, field),
+        **(_gpt_oss(field) if arch == "gpt-oss" else {}),
     }
+
+
+def _gpt_oss(field: Field) -> dict[str, Any]:
+    """gpt-oss's features no key stores, and the ids of the tokens that end its answers."""
+    tokens = field("tokenizer.ggml.tokens") or []
+    ends = [int(field("tokenizer.ggml.eos_token_id", 2))]
+    ends += [tokens.index(end) for end in _GPT_OSS_ENDS if end in tokens]
+    return {**_GPT_OSS, "eos_token_ids": tuple(dict.fromkeys(ends))}
 
 
 def _rotary_dim(rotated: int | None, head_dim: int) -> int:
@@ -126,6 +140,8 @@ def _rope_scaling(
     scaling = {"rope_type": kind, "factor": float(factor)}
     if kind == "yarn":  # transformers' defaults for the betas are llama.cpp's
         scaling[ORIGINAL] = int(field(f"{arch}.rope.scaling.original_context_length"))
+        if arch == "gpt-oss":  # its config's: the ramp's ends not rounded (llama.cpp rounds them)
+            scaling["truncate"] = False
         for beta in ("beta_fast", "beta_slow"):
             value = field(f"{arch}.rope.scaling.yarn_{beta}")
             if value is not None:
@@ -140,7 +156,7 @@ def _layer_windows(arch: str, field: Field, layers: int) -> tuple[int, ...]:
     window = int(field(f"{arch}.attention.sliding_window", 0))
     if not window or window >= int(field(f"{arch}.context_length")):
         return ()
-    pattern = field(f"{arch}.attention.sliding_window_pattern", _GEMMA_PATTERN.get(arch, 1))
+    pattern = field(f"{arch}.attention.sliding_window_pattern", _SLIDING_PATTERN.get(arch, 1))
     if isinstance(pattern, list):
         slides = [bool(p) for p in pattern]
     else:

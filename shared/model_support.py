@@ -22,9 +22,9 @@ QWEN_FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # a window: `use_s
 MAX_WINDOW_LAYERS_FAMILIES = ("qwen2", "qwen3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
-# checked by a test that writes one against transformers (`tests/test_gguf_families.py`).
-GGUF_ARCHITECTURES = ("gemma2", "gemma3", "granite", "llama", "olmo2", "phi3", "qwen2", "qwen3",
-                      "qwen3moe", "smollm3")  # fmt: skip
+# checked by a test that writes one against transformers (`tests/test_gguf_*.py`).
+GGUF_ARCHITECTURES = ("gemma2", "gemma3", "gpt-oss", "granite", "llama", "olmo2", "phi3", "qwen2",
+                      "qwen3", "qwen3moe", "smollm3")  # fmt: skip
 # Those whose q and k rows llama.cpp's converter interleaves (a whole head's, for its RoPE).
 PERMUTED_ARCHITECTURES = ("llama", "granite", "smollm3")
 # SmolLM3's layers without RoPE in a GGUF file: llama.cpp fixes the step (no key stores it),

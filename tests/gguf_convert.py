@@ -29,7 +29,7 @@ from turnstile.shared.model_support import (
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
-    "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
+    "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3", "gpt_oss": "gpt-oss",
 }  # fmt: skip
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
 
@@ -50,6 +50,8 @@ def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | Non
     checkpoint = {}
     for shard in sorted(folder.glob("*.safetensors")):
         checkpoint.update(load_file(shard))
+    if arch == "gpt-oss":
+        checkpoint = _gpt_oss_tensors(checkpoint, writer, table)
     for name, tensor in checkpoint.items():
         stacked = _EXPERT.fullmatch(name)
         if stacked:  # gathered, then written as one tensor per layer and projection
@@ -80,6 +82,41 @@ def write_gguf(folder: Path, path: Path, blocks: gguf.GGMLQuantizationType | Non
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _gpt_oss_tensors(
+    checkpoint: dict[str, np.ndarray], writer: gguf.GGUFWriter, table: gguf.TensorNameMap
+) -> dict[str, np.ndarray]:
+    """gpt-oss's stacked experts written as llama.cpp's converter writes them, the rest
+    returned: outputs first, gate and up (interleaved rows) apart; MXFP4 blocks as GGML's (a
+    scale byte, then 16 bytes whose low nibbles hold a block's first 16 codes); the sinks
+    named `.weight`."""
+    rest = {}
+    for name, tensor in checkpoint.items():
+        stem = name.removesuffix("_blocks").removesuffix("_scales").removesuffix("_bias")
+        if name.endswith("_scales"):
+            continue
+        if name.endswith("_blocks"):
+            scales = checkpoint[stem + "_scales"]
+            codes = np.stack((tensor & 0x0F, tensor >> 4), axis=-1).reshape(*tensor.shape[:-1], 32)
+            packed = codes[..., :16] | (codes[..., 16:] << 4)
+            blocks = np.concatenate((scales[..., None], packed), axis=-1)
+            blocks = blocks.reshape(*blocks.shape[:2], -1)
+        elif name.endswith("_bias") and ".experts." in name:
+            blocks = tensor
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks = tensor.transpose(0, 2, 1)  # outputs first
+        else:
+            rest[name + ".weight" if name.endswith(".sinks") else name] = tensor
+            continue
+        kind = gguf.GGMLQuantizationType.MXFP4 if name.endswith("_blocks") else None
+        suffix = ".bias" if name.endswith("_bias") else ".weight"
+        parts = {"down_proj": blocks} if stem.endswith("down_proj") else {
+            "gate_proj": blocks[:, 0::2], "up_proj": blocks[:, 1::2]}  # fmt: skip
+        for part, data in parts.items():
+            gguf_name = _gguf_name(table, stem.rsplit(".", 1)[0] + f".{part}{suffix}")
+            writer.add_tensor(gguf_name, np.ascontiguousarray(data), raw_dtype=kind)
+    return rest
 
 
 def _rope_factors(config: dict) -> dict[str, list[float]]:
@@ -156,6 +193,7 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     windows = layer_windows(config)
     if windows:
         writer.add_sliding_window(max(windows))
+    if windows and config["model_type"] != "gpt_oss":  # llama.cpp fixes gpt-oss's pattern
         writer.add_sliding_window_pattern([bool(w) for w in windows])
     if "query_pre_attn_scalar" in config:
         writer.add_attention_scale(config["query_pre_attn_scalar"] ** -0.5)
@@ -171,7 +209,8 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     if experts:
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
-        if "moe_intermediate_size" in config:
-            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "moe_intermediate_size" in config or config["model_type"] == "gpt_oss":
+            inner = config.get("moe_intermediate_size") or config["intermediate_size"]
+            writer.add_expert_feed_forward_length(inner)
         if "norm_topk_prob" in config:
             writer.add_expert_weights_norm(config["norm_topk_prob"])

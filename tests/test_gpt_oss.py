@@ -20,9 +20,10 @@ from turnstile.shared.model_support import UnsupportedModel
 pytestmark = pytest.mark.slow  # loads transformers
 
 
-def _gpt_oss(path: Path) -> Any:
+def _gpt_oss(path: Path, swiglu_limit: float = 2.0) -> Any:
     """A random two-layer gpt-oss (a sliding layer, then a full one), saved to `path`. Its
-    sinks, biases and router made to count; SwiGLU clamped at 2, so that the clamp binds."""
+    sinks, biases and router made to count; SwiGLU clamped at 2, so that the clamp binds (a
+    GGUF file's is llama.cpp's 7)."""
     import torch
     import transformers
 
@@ -31,7 +32,7 @@ def _gpt_oss(path: Path) -> Any:
                 rope_theta=1.5e5, beta_fast=32.0, beta_slow=1.0, truncate=False)  # fmt: skip
     config = transformers.GptOssConfig(
         **{**SHAPE, "intermediate_size": 64}, head_dim=32, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=24, swiglu_limit=2.0, rope_parameters=rope,
+        num_experts_per_tok=2, sliding_window=24, swiglu_limit=swiglu_limit, rope_parameters=rope,
         layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
     )  # fmt: skip
     model = transformers.GptOssForCausalLM(config).eval()

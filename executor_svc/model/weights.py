@@ -21,10 +21,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from turnstile.executor_svc.model.checkpoint_names import Weights, common_names, split_fused
-from turnstile.executor_svc.model.gguf_tensors import gguf_tensors
+from turnstile.executor_svc.model.gguf_tensors import Tensor, gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.bitsandbytes_weights import dequantized as bitsandbytes_dequantized
-from turnstile.kernels.gguf_blocks import from_gguf
+from turnstile.kernels.gguf_blocks import Unkept, from_gguf
 from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq, int8_codes
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.derived_files import derived_path, write_derived
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _LAYER_NAMES = (
     "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
     "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm",
-    *(f"self_attn.{p}_proj" for p in "qkvo"), "self_attn.qkv_proj",
+    *(f"self_attn.{p}_proj" for p in "qkvo"), "self_attn.qkv_proj", "self_attn.sinks",
     *(f"mlp.{p}_proj" for p in ("gate", "up", "down")), "mlp.gate",
     *(f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")),
 )  # fmt: skip
@@ -198,11 +198,10 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
             raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
         name = names[tensor.name]
         stacked = _STACKED_EXPERTS in name
-        value: torch.Tensor | QuantizedWeight | list[QuantizedWeight]
+        value: torch.Tensor | QuantizedWeight | list[QuantizedWeight] | None
         kind, data = tensor.tensor_type, tensor.data
-        if quantized and kind in BITS:  # a stacked tensor: each expert's blocks
-            value = [from_gguf(m, kind) for m in data] if stacked else from_gguf(data, kind)
-        else:
+        value = _kept(tensor, stacked) if quantized and kind in BITS else None
+        if value is None:
             values = gguf.quants.dequantize(data, kind)
             value = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
         if stacked:
@@ -218,6 +217,17 @@ def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
     return split_fused(weights, info)
 
 
+def _kept(tensor: Tensor, stacked: bool) -> QuantizedWeight | list[QuantizedWeight] | None:
+    """A tensor's blocks (a stacked one's, each expert's); None where they cannot be kept."""
+    try:
+        if stacked:
+            return [from_gguf(matrix, tensor.tensor_type) for matrix in tensor.data]
+        return from_gguf(tensor.data, tensor.tensor_type)
+    except Unkept as why:
+        log.warning("%s dequantized: %s", tensor.name, why)
+        return None
+
+
 def _hf_names(arch: str, layers: int) -> dict[str, str]:
     """GGUF tensor name -> the name the model reads, by gguf's own table of what each
     architecture's tensors were converted from."""
@@ -231,7 +241,9 @@ def _hf_names(arch: str, layers: int) -> dict[str, str]:
     )
     for hf in (*_GLOBAL_NAMES, *per_layer):
         found = table.get_name(hf)
-        if found is not None:
+        if found is not None and hf.endswith(".sinks"):  # gpt-oss's: llama.cpp adds `.weight`
+            names[found + ".weight"] = hf
+        elif found is not None:
             for suffix in (".weight", ".bias"):
                 names.setdefault(found + suffix, hf + suffix)
     return names

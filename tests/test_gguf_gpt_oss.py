@@ -1,0 +1,89 @@
+"""gpt-oss as llama.cpp's converter writes it (architecture `gpt-oss`, `gguf_convert.py`): its
+sinks, biases, yarn RoPE and every other layer sliding, as no key but the window says; in
+float32 it generates what transformers generates from the checkpoint. Its experts in MXFP4
+(GGML type 39) stay in their blocks on the cpu backend and compute what the same blocks of
+OpenAI's checkpoint compute (`test_gpt_oss.py` holds those to transformers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from conftest import fixed_length_requests
+from gguf_convert import write_gguf
+from test_gpt_oss import _as_mxfp4, _gpt_oss
+from test_model_families import PROMPTS, generates_what_transformers_generates
+
+from turnstile.executor_svc.backends.block_experts import BlockExperts
+from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.offline import OfflineEngine
+from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.gguf_info import gguf_fields
+from turnstile.shared.protocol import SamplingParams
+from turnstile.shared.settings import build
+
+pytestmark = pytest.mark.slow  # loads transformers
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNSTILE_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_gpt_oss_gguf_file_generates_what_transformers_generates(tmp_path: Path) -> None:
+    model = _gpt_oss(tmp_path / "hf", swiglu_limit=7.0)  # no key holds it: llama.cpp fixes 7
+    path = write_gguf(tmp_path / "hf", tmp_path / "gpt-oss.gguf")
+    fields = gguf_fields(path)
+    assert fields["layer_windows"] == (24, 0) and fields["rope_scaling"]["truncate"] is False
+    assert fields["attention_sinks"] and fields["chat_format"] == "harmony"
+    assert (fields["swiglu_limit"], fields["swiglu_alpha"]) == (7.0, 1.702)
+    generates_what_transformers_generates(path, model, "gpt_oss", "cpu")
+
+
+def test_a_gpt_oss_gguf_files_mxfp4_experts_compute_on_their_blocks(tmp_path: Path) -> None:
+    """The file's MXFP4 experts kept, their bytes the file's: the same tokens and logprobs as
+    OpenAI's checkpoint of the same blocks, alike alone and batched."""
+    _gpt_oss(tmp_path / "dense", swiglu_limit=7.0)
+    _as_mxfp4(tmp_path / "dense", tmp_path / "mxfp4")
+    path = write_gguf(tmp_path / "mxfp4", tmp_path / "gpt-oss-mxfp4.gguf")
+    reader = gguf.GGUFReader(path)
+    kinds = {t.name: t.tensor_type for t in reader.tensors}
+    assert kinds["blk.0.ffn_gate_exps.weight"] == gguf.GGMLQuantizationType.MXFP4
+    results = {}
+    for model in (path, tmp_path / "mxfp4"):
+        config = build(RunnerConfig, model=str(model), num_blocks=64, max_num_seqs=4)
+        engine = OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
+        assert all(isinstance(layer.experts, BlockExperts) for layer in engine.runner.model.layers)
+
+        def generate(prompts: list[list[int]], engine: OfflineEngine = engine) -> list[tuple]:
+            requests = fixed_length_requests(prompts, SamplingParams(logprobs=5), 24)
+            return [(r.token_ids, r.logprobs) for r in engine.generate(requests)]
+
+        results[model] = generate(PROMPTS)
+        assert [generate([prompt])[0] for prompt in PROMPTS] == results[model]
+    ours, theirs = results.values()
+    for (tokens, logprobs), (their_tokens, their_logprobs) in zip(ours, theirs, strict=True):
+        assert tokens == their_tokens
+        for a, b in zip(logprobs, their_logprobs, strict=True):
+            assert [token for token, _ in a] == [token for token, _ in b]
+            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in e]) for e in (a, b))
+            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-5, rtol=0)
+
+
+def test_a_gpt_oss_gguf_file_ends_where_its_generation_config_would(tmp_path: Path) -> None:
+    """<|return|>, <|endoftext|> and <|call|> end an answer, the file's eos first."""
+    writer = gguf.GGUFWriter(tmp_path / "ends.gguf", "gpt-oss")
+    for key, value in (("context_length", 64), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 64), ("attention.head_count", 2)):  # fmt: skip
+        writer.add_uint32(f"gpt-oss.{key}", value)
+    writer.add_float32("gpt-oss.attention.layer_norm_rms_epsilon", 1e-5)
+    tokens = ["a", "<|endoftext|>", "b", "<|return|>", "<|call|>", "<|end|>"]
+    writer.add_token_list(tokens)
+    writer.add_eos_token_id(3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_fields(tmp_path / "ends.gguf")["eos_token_ids"] == (3, 1, 4)

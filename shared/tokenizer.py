@@ -16,6 +16,7 @@ import jinja2.sandbox
 import tokenizers
 
 from turnstile.shared.derived_files import derived_path, write_atomically
+from turnstile.shared.gguf_header import read_header
 from turnstile.shared.model_info import ModelInfo
 
 
@@ -24,13 +25,28 @@ def _load_backend(model: Path) -> tokenizers.Tokenizer:
         return tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
     cached = derived_path(model, "tokenizer.json")
     if not cached.exists():
-        from transformers import AutoTokenizer  # slow to import; only for the first start
-
-        converted = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
-        text = converted.backend_tokenizer.to_str()
+        text = _converted(model).to_str()
         write_atomically(cached, text.encode())
         return tokenizers.Tokenizer.from_str(text)
     return tokenizers.Tokenizer.from_file(str(cached))
+
+
+def _converted(model: Path) -> tokenizers.Tokenizer:
+    """A GGUF file's tokenizer by transformers' converter (slow to import: the first start
+    only). gpt-oss's from the vocabulary alone: transformers' config reader fails on the
+    file's yarn keys, and the tokenizer needs none of the config."""
+    if read_header(model).fields["general.architecture"] == "gpt-oss":
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+
+        arch, vocabulary, _ = get_gguf_tokenizer(str(model))
+        return convert_gguf_tokenizer(arch, vocabulary)[0]
+    from transformers import AutoTokenizer
+
+    converted = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+    return converted.backend_tokenizer
 
 
 class Tokenizer:

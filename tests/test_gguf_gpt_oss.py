@@ -87,3 +87,28 @@ def test_a_gpt_oss_gguf_file_ends_where_its_generation_config_would(tmp_path: Pa
     writer.write_tensors_to_file()
     writer.close()
     assert gguf_fields(tmp_path / "ends.gguf")["eos_token_ids"] == (3, 1, 4)
+
+
+def test_a_gpt_oss_gguf_files_tokenizer_is_its_vocabularys(tmp_path: Path) -> None:
+    """Built from the file's vocabulary (transformers' reader of the whole file fails on its
+    yarn keys): the embedded model's vocabulary in a gpt-oss file tokenizes as that model."""
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import Tokenizer
+
+    source = gguf.GGUFReader(embedded_model_path())
+    writer = gguf.GGUFWriter(tmp_path / "vocabulary.gguf", "gpt-oss")
+    for field in source.fields.values():
+        if field.name.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(32.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    info = read_model_info(embedded_model_path())
+    ours, theirs = (Tokenizer(path, info) for path in (tmp_path / "vocabulary.gguf",
+                                                        embedded_model_path()))  # fmt: skip
+    text = "Hello, world! 12345 <|im_start|>user\n  spaces\tand ünïcödé"
+    assert ours.encode(text) == theirs.encode(text) and len(ours.encode(text)) > 10

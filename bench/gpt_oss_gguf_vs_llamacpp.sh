@@ -14,12 +14,14 @@ trap cleanup EXIT
 .venv/bin/python -m turnstile.bench.random_gpt_oss "$out/hf" "$P"/smollm2-hf "$layers"
 .venv/bin/python "$src"/convert_hf_to_gguf.py "$out/hf" --outfile "$out/gpt-oss.gguf" --outtype bf16 \
   > "$out/convert.log" 2>&1 || { tail -n 20 "$out/convert.log"; exit 1; }
+ready() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return; sleep 1; done; return 1; }
+# One at a time: their loads' transients together could exhaust the memory.
 .venv/bin/turnstile serve --model "$out/hf" --host 127.0.0.1 --port 8000 > "$out/hf.log" 2>&1 & pids+=($!)
+ready 8000
 .venv/bin/turnstile serve --model "$out/gpt-oss.gguf" --host 127.0.0.1 --port 8001 > "$out/gguf.log" 2>&1 & pids+=($!)
+ready 8001
 "$server" -m "$out/gpt-oss.gguf" --host 127.0.0.1 --port 8100 -c 4096 -np 1 -t 2 > "$out/llama.log" 2>&1 & pids+=($!)
-for port in 8000 8001 8100; do
-  for _ in $(seq 900); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
-done
+ready 8100
 .venv/bin/python - <<'PY'
 import json, statistics, urllib.request
 def post(port, path, body):

@@ -15,7 +15,12 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from turnstile.executor_svc.cpu_runtime import keep_freed_memory, pin_rank, return_loading_memory
+from turnstile.executor_svc.cpu_runtime import (
+    keep_freed_memory,
+    pin_rank,
+    return_freed_memory,
+    return_loading_memory,
+)
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
 from turnstile.executor_svc.model.experts import (
     BlockExpertWeights,
@@ -103,7 +108,7 @@ class Backend(ABC):
             executor.device, executor.rank if executor.device == "cuda" else None
         )
         if self.device.type == "cpu":
-            keep_freed_memory()
+            return_freed_memory()
             pin_rank(executor.rank, config.engine.tensor_parallel_size)
         self.staging = Staging(self.device)
         self.model: LlamaModel | None = None
@@ -168,8 +173,9 @@ class Backend(ABC):
     def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
         """The model, cache and LoRA adapters every later step runs on."""
         self.model, self.kv_caches, self.lora = model, kv_caches, lora
-        if self.device.type == "cpu":
+        if self.device.type == "cpu":  # loading's transients returned as they were freed
             return_loading_memory()
+            keep_freed_memory()
 
     def route(self, layout: StepLayout) -> Route:
         """Every step through the layers; a backend with fused layers sends there what they

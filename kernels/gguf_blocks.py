@@ -18,14 +18,29 @@ import torch
 from turnstile.kernels.mxfp4_weights import fp4_weight
 from turnstile.kernels.quantized_weights import BITS, Q, QuantizedWeight
 
+CHUNK_ROWS = 2048
+
 
 class Unkept(ValueError):
     """A tensor whose blocks cannot be kept as `QuantizedWeight` holds them."""
 
 
 def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWeight:
-    """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked;
+    """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked, a chunk
+    of rows at a time (a 49152-row head unpacked whole peaked at 0.8 GB of transients);
     `Unkept` where float16 cannot hold their scales."""
+    parts: list[torch.Tensor] = []
+    for start in range(0, data.shape[0], CHUNK_ROWS):
+        chunk = _unpacked(data[start : start + CHUNK_ROWS], kind)
+        pieces = (chunk.codes, chunk.scale, chunk.offset)
+        if not parts:
+            parts = [t.new_empty(data.shape[0], *t.shape[1:]) for t in pieces]
+        for whole, piece in zip(parts, pieces, strict=True):
+            whole[start : start + len(piece)] = piece
+    return QuantizedWeight(*parts, BITS[kind])
+
+
+def _unpacked(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWeight:
     rows = data.shape[0]
     block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
     with warnings.catch_warnings():  # a read-only map of the file: only read here
@@ -41,10 +56,7 @@ def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWei
     if not (torch.isfinite(scale).all() and torch.isfinite(offset).all()):
         raise Unkept(f"a {kind.name} block's scale or offset overflows float16")
     return QuantizedWeight(
-        codes.reshape(rows, -1).contiguous(),
-        scale.reshape(rows, -1).contiguous(),
-        offset.reshape(rows, -1).contiguous(),
-        BITS[kind],
+        codes.reshape(rows, -1), scale.reshape(rows, -1), offset.reshape(rows, -1), BITS[kind]
     )
 
 

@@ -68,7 +68,8 @@ def _prompt_logprobs(
 def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """#25: resident memory after load at most 1.2x the file plus the KV cache; the quantized
+    """#25: resident memory after load at most 1.2x the file plus the KV cache, 1.8x at most
+    while it loads; the quantized
     path's prompt logprobs within 2% of the float32 path's on the same blocks dequantized (the
     mean error over the mean magnitude: random weights make the logits wide, 16 layers of
     int8 activations move each by ~1%), and its greedy tokens the same. Both with a float32
@@ -95,6 +96,8 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     )()
     print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
     assert footprint.ratio <= 1.2, footprint
+    # each tensor read as the model takes it, unpacked by chunks (read whole first: 3.3x)
+    assert footprint.peak_bytes <= 1.8 * footprint.file_bytes + footprint.kv_bytes, footprint
     exact, exact_tokens, _ = exact_side()
     error = (torch.tensor(quantized) - torch.tensor(exact)).abs()
     print(f"prompt logprobs: mean error {error.mean():.3f}, max {error.max():.3f}, mean "

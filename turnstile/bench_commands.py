@@ -64,8 +64,9 @@ def memory(args: argparse.Namespace) -> None:
         print(
             f"{model.name} --quantization {quantization} --cpu-products {args.cpu_products}: "
             f"resident {f.resident_bytes / 2**20:.0f}"
-            f" MiB after load, KV cache {f.kv_bytes / 2**20:.0f} MiB, file "
-            f"{f.file_bytes / 2**20:.0f} MiB: {f.ratio:.2f}x the file, the KV cache aside"
+            f" MiB after load (anonymous peak {f.peak_bytes / 2**20:.0f} MiB), KV cache "
+            f"{f.kv_bytes / 2**20:.0f} MiB, file {f.file_bytes / 2**20:.0f} MiB: "
+            f"{f.ratio:.2f}x the file, the KV cache aside"
         )
 
 

@@ -3,6 +3,7 @@ stores: Llama's names, each expert's matrices apart, q, k and v apart, gate and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from turnstile.kernels.quantized_weights import QuantizedWeight
 from turnstile.shared.model_info import ModelInfo
 
 Weights = dict[str, "torch.Tensor | QuantizedWeight"]
+Rows = Callable[[Any, int, int], Any]
 
 # Mixtral's MoE names, as Qwen3-MoE (and the model) names them.
 _MIXTRAL_NAMES = {
@@ -37,21 +39,23 @@ def common_names(weights: Weights, info: ModelInfo, keep: bool = False) -> Weigh
     return split_fused(weights, info)
 
 
-def split_fused(weights: Weights, info: ModelInfo) -> Weights:
+def split_fused(weights: Weights, info: ModelInfo, rows: Rows | None = None) -> Weights:
     """Phi-3 stores q, k and v as one `qkv_proj` and gate and up as one `gate_up_proj`: named
-    apart (row slices: views, or a quantized weight's rows), as the other families store them."""
+    apart (row slices: views, or a quantized weight's rows), as the other families store them;
+    `rows(value, start, stop)` cuts a value other than a tensor (a GGUF file's loaders)."""
+    cut = rows or (lambda value, start, stop: value[start:stop])
     q_rows, kv_rows = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
     for name in [n for n in weights if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
         fused = weights.pop(name)
         if name.endswith("qkv_proj.weight"):
             ends = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows),
                     "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}  # fmt: skip
-            for part, (start, stop) in ends.items():
-                weights[name.replace("qkv_proj", f"{part}_proj")] = fused[start:stop]
         else:
-            half = fused.shape[0] // 2
-            weights[name.replace("gate_up_proj", "gate_proj")] = fused[:half]
-            weights[name.replace("gate_up_proj", "up_proj")] = fused[half:]
+            inner = info.intermediate_size
+            ends = {"gate": (0, inner), "up": (inner, 2 * inner)}
+        fused_name = "qkv_proj" if name.endswith("qkv_proj.weight") else "gate_up_proj"
+        for part, (start, stop) in ends.items():
+            weights[name.replace(fused_name, f"{part}_proj")] = cut(fused, start, stop)
     return weights
 
 

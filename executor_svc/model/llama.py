@@ -14,7 +14,7 @@ projections); the backend brings the projections and attention kernels, and runs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -40,7 +40,7 @@ class LlamaModel:
     def __init__(
         self,
         info: ModelInfo,
-        weights: dict[str, Weight],
+        weights: Mapping[str, Weight],
         dtype: torch.dtype,
         activation_dtype: torch.dtype,
         device: torch.device,

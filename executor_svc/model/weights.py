@@ -1,8 +1,9 @@
 """Model weights as a Hugging Face-named state dict, from a safetensors directory or a GGUF file.
 
 A GGUF file is dequantized once and cached as safetensors next to the user's cache, so every
-later start maps the file instead of dequantizing for seconds; or, with `quantized`, its
-Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices are kept in their blocks (`kernels/gguf_blocks.py`). A GPTQ,
+later start maps the file instead of dequantizing for seconds; or, with `quantized`, read as
+the model takes each tensor, its Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/MXFP4 matrices kept in their blocks
+(`gguf_weights.py`). A GPTQ,
 AWQ or compressed-tensors checkpoint's int matrices are unpacked (`kernels/packed_checkpoints.py`),
 kept quantized alike with `quantized`; fp8 and bitsandbytes matrices are dequantized.
 """
@@ -14,41 +15,23 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import gguf
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from turnstile.executor_svc.model.checkpoint_names import Weights, common_names, split_fused
-from turnstile.executor_svc.model.gguf_tensors import Tensor, gguf_tensors
+from turnstile.executor_svc.model import gguf_weights
+from turnstile.executor_svc.model.checkpoint_names import Weights, common_names
+from turnstile.executor_svc.model.gguf_weights import GGUFWeights, read_gguf
 from turnstile.executor_svc.model.load_progress import LoadProgress
 from turnstile.kernels.bitsandbytes_weights import dequantized as bitsandbytes_dequantized
-from turnstile.kernels.gguf_blocks import Unkept, from_gguf
 from turnstile.kernels.packed_checkpoints import Grouped, awq, compressed, gptq, int8_codes
-from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.derived_files import derived_path, write_derived
 from turnstile.shared.model_info import ModelInfo
-from turnstile.shared.model_support import PERMUTED_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
-# The names the model reads, in the order a GGUF name is claimed: Llama's `ffn_norm` is its
-# post-attention norm, Gemma's (whose post-attention norm has a name of its own) the MLP's input.
-_LAYER_NAMES = (
-    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-    "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm",
-    *(f"self_attn.{p}_proj" for p in "qkvo"), "self_attn.qkv_proj", "self_attn.sinks",
-    *(f"mlp.{p}_proj" for p in ("gate", "up", "down")), "mlp.gate",
-    *(f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")),
-)  # fmt: skip
-_GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
-_STACKED_EXPERTS = ".mlp.experts."  # GGUF stacks every expert's matrix in one tensor
-# RoPE factors, read with the model's shape (`gguf_info.py`), not weights.
-_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
-
-def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
+def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weights | GGUFWeights:
     """With `quantized`, a GGUF file's matrices of the kept block types, or a GPTQ or AWQ
     checkpoint's, stay quantized (every other tensor is dequantized); without, every tensor is
     float32."""
@@ -62,10 +45,10 @@ def load_weights(path: Path, info: ModelInfo, quantized: bool = False) -> Weight
         return common_names(_unpacked(weights, info, quantized), info, quantized)
     if quantized:
         return read_gguf(path, info, quantized=True)
-    cached = derived_path(path, "weights.safetensors", (__file__,))
+    cached = derived_path(path, "weights.safetensors", (__file__, gguf_weights.__file__))
     if cached.exists():
         return load_file(cached)
-    weights = read_gguf(path, info)
+    weights = dict(read_gguf(path, info))
     if write_derived(cached, lambda partial: _save(weights, partial)):
         log.info("cached dequantized weights in %s", cached)
     return weights
@@ -183,73 +166,3 @@ def _bitsandbytes_values(weights: Weights) -> Weights:
         weights[stem] = bitsandbytes_dequantized(weights[stem], state=state, **parts)
     log.info("bitsandbytes weights dequantized (no backend computes on 4-bit codes)")
     return weights
-
-
-def read_gguf(path: Path, info: ModelInfo, quantized: bool = False) -> Weights:
-    arch, tensors = gguf_tensors(path)
-    names = _hf_names(arch, info.num_layers)
-    weights: Weights = {}
-    progress = LoadProgress(path.name, len(tensors), "tensors")
-    for done, tensor in enumerate(tensors):
-        progress.advance(done)
-        if tensor.name in _ROPE_TENSORS:
-            continue
-        if tensor.name not in names:
-            raise ValueError(f"unexpected GGUF tensor {tensor.name!r}")
-        name = names[tensor.name]
-        stacked = _STACKED_EXPERTS in name
-        value: torch.Tensor | QuantizedWeight | list[QuantizedWeight] | None
-        kind, data = tensor.tensor_type, tensor.data
-        value = _kept(tensor, stacked) if quantized and kind in BITS else None
-        if value is None:
-            values = gguf.quants.dequantize(data, kind)
-            value = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
-        if stacked:
-            for expert, matrix in enumerate(value):
-                weights[name.replace(_STACKED_EXPERTS, f"{_STACKED_EXPERTS}{expert}.")] = matrix
-            continue
-        if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
-            value = value[_rope_order(value.shape[0], info.num_heads)]
-        elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):
-            value = value[_rope_order(value.shape[0], info.num_kv_heads)]
-        weights[name] = value
-    progress.advance(len(tensors))
-    return split_fused(weights, info)
-
-
-def _kept(tensor: Tensor, stacked: bool) -> QuantizedWeight | list[QuantizedWeight] | None:
-    """A tensor's blocks (a stacked one's, each expert's); None where they cannot be kept."""
-    try:
-        if stacked:
-            return [from_gguf(matrix, tensor.tensor_type) for matrix in tensor.data]
-        return from_gguf(tensor.data, tensor.tensor_type)
-    except Unkept as why:
-        log.warning("%s dequantized: %s", tensor.name, why)
-        return None
-
-
-def _hf_names(arch: str, layers: int) -> dict[str, str]:
-    """GGUF tensor name -> the name the model reads, by gguf's own table of what each
-    architecture's tensors were converted from."""
-    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    table = gguf.get_tensor_name_map(model_arch, layers)
-    names: dict[str, str] = {}
-    # llama.cpp keeps Phi-3's gate and up fused as its `ffn_up`: claimed before `up_proj`
-    first = ("mlp.gate_up_proj",) if arch == "phi3" else ()
-    per_layer = (
-        f"model.layers.{i}.{name}" for i in range(layers) for name in (*first, *_LAYER_NAMES)
-    )
-    for hf in (*_GLOBAL_NAMES, *per_layer):
-        found = table.get_name(hf)
-        if found is not None and hf.endswith(".sinks"):  # gpt-oss's: llama.cpp adds `.weight`
-            names[found + ".weight"] = hf
-        elif found is not None:
-            for suffix in (".weight", ".bias"):
-                names.setdefault(found + suffix, hf + suffix)
-    return names
-
-
-def _rope_order(rows: int, num_heads: int) -> torch.Tensor:
-    """The rows in Hugging Face's order: llama.cpp interleaves each head's rotary halves."""
-    order = torch.arange(rows).view(num_heads, rows // num_heads // 2, 2)
-    return order.transpose(1, 2).reshape(-1)

@@ -26,6 +26,9 @@ class Mixture(ctypes.Structure):
     _fields_ = [
         *((name, _PTR) for name in ("router", "router_bias", "experts")),
         *((name, _LONG) for name in ("tiles", "count", "top_k", "normalize")),
+        ("correction", _PTR),
+        *((name, _LONG) for name in ("groups", "kept_groups")),
+        ("scale", ctypes.c_float),
     ]
 
 
@@ -40,6 +43,8 @@ class DecodeLayer(ctypes.Structure):
         *((name, _PTR) for name in ("o_bias", "sinks", "post_norm")),
         *((name, ctypes.POINTER(NativeWeight)) for name in ("gate_up", "down")),
         ("mixture", ctypes.POINTER(Mixture)),
+        ("shared_gate", _PTR),
+        ("shared_inner", _LONG),
     ]
 
 

@@ -61,3 +61,33 @@ def test_shared_experts_generate_what_transformers_generates(
 ) -> None:
     model = (_glm4_moe if family == "glm4_moe" else _qwen2_moe)(tmp_path)
     generates_what_transformers_generates(tmp_path, model, family, backend)
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "qwen2_moe"])
+def test_shared_experts_in_the_fused_decode_layers_generate_what_the_layers_do(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 experts on AMX tiles, GLM-4.5's grouped sigmoid router or Qwen2-MoE's softmax,
+    and the shared experts (Qwen2-MoE's gated) in decode_layer.c against the model's layers."""
+    from test_fused_decode_layers import fused_generates_what_the_layers_do
+
+    from turnstile.executor_svc.backends.tiled_experts import TiledExperts
+    from turnstile.executor_svc.runner_config import RunnerConfig
+    from turnstile.kernels import cpu_native
+    from turnstile.offline import OfflineEngine
+    from turnstile.shared.config import SchedulingConfig
+    from turnstile.shared.settings import build
+
+    if cpu_native.library() is None or not cpu_native.amx_tiles():
+        pytest.skip("bf16 experts take the tiles on a CPU with AMX-BF16 only")
+    (_glm4_moe if family == "glm4_moe" else _qwen2_moe)(tmp_path)
+
+    def engine() -> OfflineEngine:
+        config = build(RunnerConfig, model=str(tmp_path), dtype="bfloat16", num_blocks=64,
+                       max_num_seqs=4)  # fmt: skip
+        return OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
+
+    for run in fused_generates_what_the_layers_do(monkeypatch, engine):
+        experts = [layer.experts for layer in run.runner.model.layers if layer.experts]
+        assert experts and all(isinstance(each, TiledExperts) for each in experts)
+        assert all(layer.gate_up is not None for layer in run.runner.model.layers)

@@ -17,7 +17,7 @@ from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.model.layer_weights import LayerWeights
 from turnstile.executor_svc.model.lora import FUSED, LoraBatch, LoraWeights
 from turnstile.executor_svc.model.projection import Projection
-from turnstile.executor_svc.model.routers import SoftmaxRouter
+from turnstile.executor_svc.model.routers import GroupedSigmoidRouter, SoftmaxRouter
 from turnstile.kernels import cpu_native, native_attention
 from turnstile.kernels.native_structs import (
     DecodeLayer,
@@ -44,8 +44,8 @@ def _projection(projection: Projection) -> NativeProjection:
 
 
 def _projections(layer: LayerWeights) -> tuple[Projection, ...]:
-    """Its projections: a mixture's layer has no gate_up and down."""
-    dense = () if layer.experts is not None else (layer.gate_up, layer.down)
+    """Its projections: a mixture's layer has no gate_up and down, or its shared experts'."""
+    dense = () if layer.gate_up is None else (layer.gate_up, layer.down)
     return layer.qkv, layer.o_proj, *dense  # type: ignore[return-value]
 
 
@@ -55,7 +55,7 @@ def _mixture(layer: LayerWeights) -> tuple[Mixture, NativeWeight] | None:
     experts = layer.experts
     if experts is None:
         return None
-    assert isinstance(experts, FUSED_EXPERTS) and isinstance(experts.router, SoftmaxRouter)
+    assert isinstance(experts, FUSED_EXPERTS)
     router = experts.router
     logits = _projection(router.logits)
     weight = logits.native_weight()
@@ -64,6 +64,10 @@ def _mixture(layer: LayerWeights) -> tuple[Mixture, NativeWeight] | None:
         ctypes.addressof(weight), _address(logits.bias), ctypes.addressof(native),
         isinstance(experts, TiledExperts), native.experts, router.top_k, router.normalize,
     )  # fmt: skip
+    if isinstance(router, GroupedSigmoidRouter):
+        mixture.correction = _address(router.correction)
+        mixture.groups, mixture.kept_groups = router.groups, router.kept_groups
+        mixture.scale = router.scale
     return mixture, weight
 
 
@@ -77,13 +81,13 @@ class NativeDecode:
         """decode_layer.c works in whole AVX vectors of 8 floats across heads and the MLP,
         on Llama's layer (not Gemma's norms, GELU, scale or second RoPE, nor Granite's scales,
         nor SmolLM3's layers without RoPE, nor OLMo 2's norms), its MLP or a mixture of
-        experts routed by a softmax, on AMX tiles or GGUF or MXFP4 blocks, without shared
-        experts (decode_mixture.c); gpt-oss's biases and sinks."""
+        experts routed by a softmax or GLM-4.5's grouped sigmoid, on AMX tiles or GGUF or MXFP4
+        blocks, beside shared experts (decode_mixture.c); gpt-oss's biases and sinks."""
         llama_layer = info.hidden_act == "silu" and info.norms == "pre"
-        llama_layer &= not info.shared_expert_size and all(
+        llama_layer &= all(
             layer.experts is None
             or (isinstance(layer.experts, FUSED_EXPERTS)
-                and isinstance(layer.experts.router, SoftmaxRouter)
+                and isinstance(layer.experts.router, SoftmaxRouter | GroupedSigmoidRouter)
                 and isinstance(layer.experts.router.logits, NativeProjection))
             for layer in layers
         )  # fmt: skip
@@ -127,8 +131,10 @@ class NativeDecode:
                 _address(_bias(layer.o_proj)),
                 _address(layer.sinks),
                 _address(layer.post_norm),
-                *[ctypes.pointer(w) for w in mlp],  # gate_up, down; NULL with a mixture
+                *[ctypes.pointer(w) for w in mlp],  # gate_up, down; a mixture's shared ones
                 mixture=None if mixture is None else ctypes.pointer(mixture[0]),
+                shared_gate=_address(layer.shared_gate),
+                shared_inner=info.shared_expert_size,
             )
             for layer, (qkv, o_proj, *mlp), mixture in zip(
                 layers, self._descriptors, self._mixtures, strict=True

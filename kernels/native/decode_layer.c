@@ -5,6 +5,7 @@
  * costs that outweigh the arithmetic when a step has one or a few rows. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kv_formats.h"
 #include "simd.h"
@@ -46,10 +47,14 @@ typedef struct Weight {
 
 /* A layer's mixture of experts (decode_mixture.c). */
 typedef struct Mixture Mixture;
+int mixture_rows(const Mixture *m, const float *x, float *hidden, const float *shared, long rows,
+                 long n, long isa);
 
 /* A layer's weights; NULL where the model has none: biases (Qwen2's q, k, v; gpt-oss's all
- * four), `qk_norm` (Qwen3), `sinks` (gpt-oss: a logit a head in its softmax's sum),
- * gate_up and down where `mixture` takes the MLP's place. */
+ * four), `qk_norm` (Qwen3), `sinks` (gpt-oss: a logit a head in its softmax's sum). Beside a
+ * `mixture`, gate_up and down are its shared experts' (GLM-4.5, Qwen2-MoE; or NULL), of
+ * `shared_inner` dims, scaled by the sigmoid of a row's product with `shared_gate` (Qwen2-MoE's
+ * [hidden]; or NULL). */
 typedef struct {
     const float *input_norm;
     const Weight *qkv;
@@ -58,8 +63,9 @@ typedef struct {
     const float *o_bias, *sinks, *post_norm;
     const Weight *gate_up, *down;
     const Mixture *mixture;
+    const float *shared_gate;
+    long shared_inner;
 } Layer;
-int mixture_rows(const Mixture *m, const float *x, float *hidden, long rows, long n, long isa);
 
 /* LoRA adapters' pairs on a row's projections (lora.c). */
 typedef struct LoraPair LoraPair;
@@ -148,12 +154,52 @@ void silu_and_multiply(const float *gate_up, float *act, long rows, long n) {
     }
 }
 
+/* y = silu(gate) * up of x's rows through gate_up, times down (+ residual), `inner` dims
+ * between; the LoRA pairs of gate_up and down where `lora`. */
+static int gated_mlp(const Weight *gate_up, const Weight *down, const float *x, float *gu,
+                     float *act, float *y, const float *residual, long inner,
+                     const LoraPair *const *lora, const Step *s) {
+    const long rows = s->rows, hidden = s->hidden, isa = s->isa;
+    const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
+    if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
+        if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, hidden)
+                 : gated_bf16_tiles(x, gate_up->data, act, rows, inner, hidden))
+            return -1;
+        if (lora && lora_gated(x, gate_up, act, rows, hidden, inner, s->adapters, lora[2], isa))
+            return -1;
+    } else {
+        if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * inner, hidden, isa)) return -1;
+        if (lora) lora_add(x, gu, rows, hidden, 2 * inner, 2 * inner, s->adapters, lora[2]);
+        silu_and_multiply(gu, act, rows, inner);
+    }
+    if (linear_weight(act, down, y, NULL, residual, rows, hidden, inner, isa)) return -1;
+    if (lora) lora_add(act, y, rows, inner, hidden, hidden, s->adapters, lora[3]);
+    return 0;
+}
+
+/* hidden += the mixture of x's rows, with the shared experts' rows where the layer has them. */
+static int mixture_and_shared(const Layer *l, const float *x, float *hidden, const Step *s) {
+    const long rows = s->rows, n = s->hidden, inner = l->shared_inner;
+    if (!l->gate_up) return mixture_rows(l->mixture, x, hidden, NULL, rows, n, s->isa);
+    float *gu = malloc(sizeof(float) * rows * (3 * inner + n)), *act = gu + rows * 2 * inner;
+    float *shared = act + rows * inner;
+    int failed = !gu || gated_mlp(l->gate_up, l->down, x, gu, act, shared, NULL, inner, NULL, s);
+    for (long r = 0; r < rows && !failed && l->shared_gate; r++) {
+        float dot = 0.0f;
+        for (long i = 0; i < n; i++) dot += x[r * n + i] * l->shared_gate[i];
+        const float scale = 1.0f / (1.0f + expf(-dot));
+        for (long i = 0; i < n; i++) shared[r * n + i] *= scale;
+    }
+    if (!failed) failed = mixture_rows(l->mixture, x, hidden, shared, rows, n, s->isa);
+    free(gu);
+    return failed ? -1 : 0;
+}
+
 /* -1 where a buffer could not be allocated. `lora`: the layer's LoRA pairs, [qkv, o_proj,
  * gate_up, down][adapter], or NULL where no row runs an adapter. */
 int decode_layer(float *hidden, const Layer *l, const LoraPair *const *lora, const Step *s) {
     const long rows = s->rows, q_width = s->heads * s->dim, isa = s->isa;
     const long qkv_width = q_width + 2 * s->kv_heads * s->dim, inner = s->intermediate;
-    const Weight *gate_up = l->gate_up;
     float *projected = s->scratch, *queries = projected + rows * qkv_width;
     float *attn = queries + rows * q_width, *x = attn + rows * q_width;
     float *gu = x + rows * s->hidden, *act = gu + rows * 2 * inner;
@@ -170,20 +216,6 @@ int decode_layer(float *hidden, const Layer *l, const LoraPair *const *lora, con
         return -1;
     if (lora) lora_add(attn, hidden, rows, q_width, s->hidden, s->hidden, s->adapters, lora[1]);
     rms_norm_rows(hidden, l->post_norm, x, rows, s->hidden, s->eps);
-    if (l->mixture) return mixture_rows(l->mixture, x, hidden, rows, s->hidden, isa);
-    const int int8 = gate_up->scales != NULL, bf16 = gate_up->bits == 16 && gate_up->tiles;
-    if ((int8 || bf16) && inner % 16 == 0) { /* SiLU in the product's finish */
-        if (int8 ? gated_int8_tiles(x, gate_up->data, gate_up->scales, act, rows, inner, s->hidden)
-                 : gated_bf16_tiles(x, gate_up->data, act, rows, inner, s->hidden))
-            return -1;
-        if (lora && lora_gated(x, gate_up, act, rows, s->hidden, inner, s->adapters, lora[2], isa))
-            return -1;
-    } else {
-        if (linear_weight(x, gate_up, gu, NULL, NULL, rows, 2 * inner, s->hidden, isa)) return -1;
-        if (lora) lora_add(x, gu, rows, s->hidden, 2 * inner, 2 * inner, s->adapters, lora[2]);
-        silu_and_multiply(gu, act, rows, inner);
-    }
-    if (linear_weight(act, l->down, hidden, NULL, hidden, rows, s->hidden, inner, isa)) return -1;
-    if (lora) lora_add(act, hidden, rows, inner, s->hidden, s->hidden, s->adapters, lora[3]);
-    return 0;
+    if (l->mixture) return mixture_and_shared(l, x, hidden, s);
+    return gated_mlp(l->gate_up, l->down, x, gu, act, hidden, hidden, inner, lora, s);
 }

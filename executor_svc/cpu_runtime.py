@@ -24,7 +24,7 @@ def keep_freed_memory() -> None:
 def return_freed_memory() -> None:
     """While a model loads: each buffer of a megabyte or more its own mapping, returned when
     freed, so that a tensor's unpacking transients do not stay in the heap between the packed
-    weights (a 1B GGUF file's load peaked at 2.6x the file, session 52)."""
+    weights (docs/benchmarks.md, session 52)."""
     _mallopt(trim=2**20, mmap=2**20)
 
 

@@ -27,8 +27,8 @@ class Unkept(ValueError):
 
 def from_gguf(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> QuantizedWeight:
     """A GGUF tensor's raw blocks ([rows, bytes], as `GGUFReader` gives them) unpacked, a chunk
-    of rows at a time (a 49152-row head unpacked whole peaked at 0.8 GB of transients);
-    `Unkept` where float16 cannot hold their scales."""
+    of rows at a time (a vocabulary's head unpacked whole takes several times its codes'
+    bytes in transients); `Unkept` where float16 cannot hold their scales."""
     parts: list[torch.Tensor] = []
     for start in range(0, data.shape[0], CHUNK_ROWS):
         chunk = _unpacked(data[start : start + CHUNK_ROWS], kind)

@@ -1,8 +1,8 @@
 """A GGUF file's weights under the names the model reads (gguf's own table of what each
 architecture's tensors were converted from), each read from the mapped file when the model
 takes it and not kept here: a load holds one tensor's transients at a time beside what the
-model keeps. Read all at once, a gpt-oss file's unpacked codes and float32 copies peaked at
-3.7x the file (docs/benchmarks.md, session 52). With `quantized`, the block types of
+model keeps (read whole first, a 1B Q4_K file's load peaked at 3.5x the file: docs/
+benchmarks.md, session 52). With `quantized`, the block types of
 `quantized_weights.BITS` stay in their blocks (`kernels/gguf_blocks.py`)."""
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ backend's model layers, on every route a step can take."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -90,13 +91,19 @@ def fused_generates_what_the_layers_do(
         requests = fixed_length_requests(PROMPTS, SamplingParams(logprobs=5), new_tokens)
         results[fused] = engines[-1].generate(requests)
     assert routes == {True: {"fused"}, False: {"layers"}}
-    for ours, theirs in zip(results[True], results[False], strict=True):
-        assert ours.token_ids == theirs.token_ids
-        for a, b in zip(ours.logprobs, theirs.logprobs, strict=True):
+    same_generations(results[True], results[False], atol=1e-3)
+    return engines
+
+
+def same_generations(ours: list[Any], theirs: list[Any], atol: float) -> None:
+    """Two engines' results: the same tokens, the same top logprobs' ids, their values within
+    `atol`."""
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.token_ids == other.token_ids
+        for a, b in zip(mine.logprobs, other.logprobs, strict=True):
             assert [token for token, _ in a] == [token for token, _ in b]
             ours_lp, theirs_lp = (torch.tensor([lp for _, lp in entries]) for entries in (a, b))
-            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-3, rtol=0)
-    return engines
+            torch.testing.assert_close(ours_lp, theirs_lp, atol=atol, rtol=0)
 
 
 def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str]:

@@ -7,12 +7,13 @@ OpenAI's checkpoint compute (`test_gpt_oss.py` holds those to transformers)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import pytest
-import torch
 from conftest import fixed_length_requests
 from gguf_convert import write_gguf
+from test_fused_decode_layers import same_generations
 from test_gpt_oss import _as_mxfp4, _gpt_oss
 from test_model_families import PROMPTS, generates_what_transformers_generates
 
@@ -57,19 +58,12 @@ def test_a_gpt_oss_gguf_files_mxfp4_experts_compute_on_their_blocks(tmp_path: Pa
         engine = OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
         assert all(isinstance(layer.experts, BlockExperts) for layer in engine.runner.model.layers)
 
-        def generate(prompts: list[list[int]], engine: OfflineEngine = engine) -> list[tuple]:
-            requests = fixed_length_requests(prompts, SamplingParams(logprobs=5), 24)
-            return [(r.token_ids, r.logprobs) for r in engine.generate(requests)]
+        def generate(prompts: list[list[int]], engine: OfflineEngine = engine) -> list[Any]:
+            return engine.generate(fixed_length_requests(prompts, SamplingParams(logprobs=5), 24))
 
         results[model] = generate(PROMPTS)
-        assert [generate([prompt])[0] for prompt in PROMPTS] == results[model]
-    ours, theirs = results.values()
-    for (tokens, logprobs), (their_tokens, their_logprobs) in zip(ours, theirs, strict=True):
-        assert tokens == their_tokens
-        for a, b in zip(logprobs, their_logprobs, strict=True):
-            assert [token for token, _ in a] == [token for token, _ in b]
-            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in e]) for e in (a, b))
-            torch.testing.assert_close(ours_lp, theirs_lp, atol=1e-5, rtol=0)
+        same_generations([generate([p])[0] for p in PROMPTS], results[model], atol=0)
+    same_generations(*results.values(), atol=1e-5)
 
 
 def test_a_gpt_oss_gguf_file_ends_where_its_generation_config_would(tmp_path: Path) -> None:

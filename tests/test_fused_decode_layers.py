@@ -20,6 +20,12 @@ from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.protocol import SamplingParams
 from turnstile.shared.settings import build
 
+# Where a product rounds its activations to int8 (GGUF and MXFP4 blocks off AMX-INT8 tiles), the
+# two routes' last-bit differences (attention, RoPE, norms and the router's softmax computed
+# apart) can flip a rounding, and a flip moves a logprob by hundredths: 0.06 on a random MoE on
+# an Ice Lake Xeon (docs/benchmarks.md, "A CPU without AMX or AVX512-BF16").
+INT8_ROUNDING = 0.1
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -74,11 +80,14 @@ def test_fused_decode_layers_generate_what_the_torch_layers_generate(
 
 
 def fused_generates_what_the_layers_do(
-    monkeypatch: pytest.MonkeyPatch, engine: Callable[[], OfflineEngine], new_tokens: int = 16
+    monkeypatch: pytest.MonkeyPatch,
+    engine: Callable[[], OfflineEngine],
+    new_tokens: int = 16,
+    atol: float = 1e-3,
 ) -> list[OfflineEngine]:
     """Every step of a model through decode_layer.c, against the model's layers (both engines
-    returned): the same tokens on PROMPTS, logprobs within the C softmaxes against torch's (a
-    few ulps)."""
+    returned): the same tokens on PROMPTS, logprobs within `atol` (the C softmaxes against
+    torch's: a few ulps; `INT8_ROUNDING` where activations are rounded to int8)."""
     from test_model_families import PROMPTS
 
     results, routes, engines = {}, {}, []
@@ -91,19 +100,23 @@ def fused_generates_what_the_layers_do(
         requests = fixed_length_requests(PROMPTS, SamplingParams(logprobs=5), new_tokens)
         results[fused] = engines[-1].generate(requests)
     assert routes == {True: {"fused"}, False: {"layers"}}
-    same_generations(results[True], results[False], atol=1e-3)
+    same_generations(results[True], results[False], atol=atol)
     return engines
 
 
 def same_generations(ours: list[Any], theirs: list[Any], atol: float) -> None:
-    """Two engines' results: the same tokens, the same top logprobs' ids, their values within
-    `atol`."""
+    """Two engines' results: the same tokens; at each step the same top ids, their logprobs
+    within `atol`, but for ids within `atol` of the end of the other's list (trading places
+    there)."""
     for mine, other in zip(ours, theirs, strict=True):
         assert mine.token_ids == other.token_ids
         for a, b in zip(mine.logprobs, other.logprobs, strict=True):
-            assert [token for token, _ in a] == [token for token, _ in b]
-            ours_lp, theirs_lp = (torch.tensor([lp for _, lp in entries]) for entries in (a, b))
-            torch.testing.assert_close(ours_lp, theirs_lp, atol=atol, rtol=0)
+            first, second = dict(a), dict(b)
+            for token in first.keys() & second.keys():
+                assert abs(first[token] - second[token]) <= atol, (token, a, b)
+            for one, another in ((first, second), (second, first)):
+                for token in one.keys() - another.keys():
+                    assert one[token] <= min(another.values()) + atol, (token, a, b)
 
 
 def _record_routes(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> set[str]:

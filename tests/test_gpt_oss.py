@@ -122,7 +122,7 @@ def test_gpt_oss_in_the_fused_decode_layers_generates_what_its_layers_do(
 ) -> None:
     """bf16 experts on AMX tiles, or MXFP4 ones on their blocks, with gpt-oss's sinks, biases
     and sliding layer in decode_layer.c (one call a layer) against the model's layers."""
-    from test_fused_decode_layers import fused_generates_what_the_layers_do
+    from test_fused_decode_layers import INT8_ROUNDING, fused_generates_what_the_layers_do
 
     from turnstile.executor_svc.backends.native_decode import FUSED_EXPERTS
     from turnstile.executor_svc.runner_config import RunnerConfig
@@ -134,9 +134,9 @@ def test_gpt_oss_in_the_fused_decode_layers_generates_what_its_layers_do(
     if cpu_native.library() is None or (experts == "tiles" and not cpu_native.amx_tiles()):
         pytest.skip("bf16 experts take the tiles on a CPU with AMX-BF16 only")
     _gpt_oss(tmp_path / "dense")
-    path, settings = tmp_path / "dense", {"dtype": "bfloat16"}
+    path, settings, atol = tmp_path / "dense", {"dtype": "bfloat16"}, 1e-3
     if experts == "blocks":
-        path, settings = tmp_path / "mxfp4", {}
+        path, settings, atol = tmp_path / "mxfp4", {}, INT8_ROUNDING
         _as_mxfp4(tmp_path / "dense", path)
 
     def engine() -> OfflineEngine:
@@ -144,5 +144,5 @@ def test_gpt_oss_in_the_fused_decode_layers_generates_what_its_layers_do(
         return OfflineEngine(config, SchedulingConfig(max_num_batched_tokens=64))
 
     # 40 tokens: past the sliding layer's window of 24
-    for run in fused_generates_what_the_layers_do(monkeypatch, engine, new_tokens=40):
+    for run in fused_generates_what_the_layers_do(monkeypatch, engine, 40, atol):
         assert all(isinstance(layer.experts, FUSED_EXPERTS) for layer in run.runner.model.layers)

@@ -20,6 +20,7 @@ from turnstile.executor_svc.step_watcher import StepWatcher
 from turnstile.executor_svc.tensor_parallel import broke_group
 from turnstile.shared.metrics_server import serve_metrics
 from turnstile.shared.model_info import ModelInfo, served_name
+from turnstile.shared.settings import REFUSED
 from turnstile.shared.protocol import (
     PROTOCOL_VERSION,
     BatchPlan,
@@ -68,7 +69,12 @@ class PlanRunner(Protocol):
 
 def serve_executor(config: ExecutorServiceConfig) -> None:
     serve_metrics(config.metrics)
-    serve_plans(config, ModelRunner(config.runner))
+    try:
+        runner = ModelRunner(config.runner)
+    except ValueError as refusal:  # a model or setting this executor does not run, named
+        log.error("%s", refusal)
+        sys.exit(REFUSED)
+    serve_plans(config, runner)
 
 
 def serve_plans(config: ExecutorServiceConfig, runner: PlanRunner) -> None:

@@ -20,6 +20,9 @@ import msgspec
 import yaml
 
 ENV_PREFIX = "TURNSTILE_"
+# A service's exit status when it refuses its settings at start (sysexits' EX_CONFIG): starting
+# it again would only refuse them again, so `turnstile serve` stops.
+REFUSED = 78
 
 
 class SettingError(ValueError):

@@ -109,3 +109,6 @@ def test_a_share_that_leaves_no_cache_stops_the_stack_naming_the_flag() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0 and "--gpu-memory-utilization 0.001" in done.stderr, MODEL
+    # A refusal is final: the executor is not started again to refuse again (shared.REFUSED).
+    assert done.stderr.count("none left for the KV cache") == 1
+    assert "executor refused its settings; stopping" in done.stderr

@@ -39,7 +39,7 @@ from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
-from turnstile.shared.settings import nested, setting
+from turnstile.shared.settings import REFUSED, nested, setting
 from turnstile.shared.sharding import check_sharding
 from turnstile.shared.tokenizer import Tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
@@ -209,8 +209,9 @@ def supervise(stack: list[Service], url: str, ready_timeout: float) -> int:
             now = time.monotonic()
             restarts[index] = [t for t in restarts[index] if now - t < RESTART_WINDOW] + [now]
             name = stack[index].title or stack[index].name
-            if len(restarts[index]) > MAX_RESTARTS:
-                print(f"turnstile: {name} keeps dying; stopping", file=sys.stderr)
+            if len(restarts[index]) > MAX_RESTARTS or child.exitcode == REFUSED:
+                why = "refused its settings" if child.exitcode == REFUSED else "keeps dying"
+                print(f"turnstile: {name} {why}; stopping", file=sys.stderr)
                 stopping, code = True, 1
                 break
             print(f"turnstile: {name} exited ({child.exitcode}); restarting", file=sys.stderr)

@@ -5,6 +5,7 @@ cache is whole afterwards."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,6 +46,16 @@ def tokenizer() -> Tokenizer:
     return Tokenizer(path, read_model_info(path))
 
 
+@functools.cache
+def _top(model: Any, ids: tuple[int, ...], k: int) -> list[tuple[float, int]]:
+    """The k best next tokens after `ids` and their logprobs; kept, as the beams of every
+    length penalty grow alike (it ranks them only at the end)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    top = logits.float().log_softmax(-1).topk(k)
+    return list(zip(top.values.tolist(), top.indices.tolist(), strict=True))
+
+
 def vllm_beams(
     model: Any, prompt: list[int], width: int, steps: int, eos: set[int], penalty: float
 ) -> list[tuple[list[int], str]]:
@@ -57,10 +68,7 @@ def vllm_beams(
     for _ in range(steps):
         candidates = []
         for tokens, total in live:
-            with torch.inference_mode():
-                logits = model(torch.tensor([prompt + tokens])).logits[0, -1]
-            top = logits.float().log_softmax(-1).topk(2 * width)
-            for logprob, token in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            for logprob, token in _top(model, (*prompt, *tokens), 2 * width):
                 (done if token in eos else candidates).append(([*tokens, token], total + logprob))
         live = sorted(candidates, key=lambda beam: -beam[1])[:width]
 

@@ -25,7 +25,35 @@ def _xml(name: str, **values: str) -> str:
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
+def _glm(name: str, **values: str) -> str:
+    pairs = "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in values.items()
+    )
+    return f"<tool_call>{name}\n{pairs}</tool_call>"
+
+
+_GLM = [
+    _glm(
+        "weather",
+        city="Paris",
+        days="3",
+        metric="true",
+        tags='["a", "b"]',
+        opts="{'x': 1}",
+        temp="2.5",
+        note="null",
+        unit="c",
+        when="7",
+    ),
+    "Let me check.\n" + _glm("add", a="7", b=" 12 ") + "\n" + _glm("add", a="seven"),
+    _glm("weather", metric="True", note="None", tags="('a', 1)", days=" 2 "),
+    "<tool_call>add</tool_call>",
+    "<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
+    "No tools needed.",
+]
 TEXTS = {
+    "glm45": _GLM,
+    "glm47": _GLM,
     "granite": [
         '<|tool_call|>[{"name": "add", "arguments": {"a": 1}}]',
         'I will check. <tool_call>[{"name": "add", "arguments": {"a": 1}}, {"name": "weather", '

@@ -53,6 +53,8 @@ class GatewayConfig:
     )
     tool_call_parser: (
         Literal[
+            "glm45",
+            "glm47",
             "granite",
             "hermes",
             "llama3_json",

@@ -13,7 +13,25 @@ from turnstile.gateway_svc.tool_calls import CallReader
 
 WEATHER = {"city": "Paris", "days": 3, "metric": True, "tags": ["a", "b"], "opts": {"x": 1},
            "temp": 2.5, "note": None, "unit": "c", "when": 7}  # fmt: skip
+_GLM = [
+    ("", [("weather", WEATHER)], "tool_calls"),
+    ("Let me check.\n", [("add", {"a": 7, "b": " 12 "}), ("add", {"a": "seven"})], "tool_calls"),
+    ("", [("weather", {"metric": True, "note": None, "tags": ["a", 1], "days": 2})], "tool_calls"),
+]
 EXPECTED = {
+    "glm45": [
+        *_GLM,  # vLLM's glm45 finds no call without a line break after the name
+        ("<tool_call>add</tool_call>", [], "stop"),
+        ("<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>", [],
+         "stop"),
+        ("No tools needed.", [], "stop"),
+    ],
+    "glm47": [
+        *_GLM,
+        ("", [("add", {})], "tool_calls"),
+        ("", [("weather", {"city": "Oslo"})], "tool_calls"),
+        ("No tools needed.", [], "stop"),
+    ],
     "granite": [
         ("", [("add", {"a": 1})], "tool_calls"),
         ("I will check. ", [("add", {"a": 1}), ("weather", {"city": "Oslo"})], "tool_calls"),

@@ -56,21 +56,21 @@ def coerce(value: str, schema: dict[str, Any]) -> Any:
             return value.lower().strip() in ("true", "1")
         if kind in ("object", "array"):
             try:
-                return _finite(json.loads(value))
+                return finite(json.loads(value))
             except ValueError:
                 continue
     try:
-        return _finite(json.loads(value))
+        return finite(json.loads(value))
     except ValueError:
         return value
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """JSON's own numbers only: 1e999 is no value JSON can write again."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError("not finite")
     for inner in (
         value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
     ):
-        _finite(inner)
+        finite(inner)
     return value

@@ -20,7 +20,6 @@ from turnstile.executor_svc.step_watcher import StepWatcher
 from turnstile.executor_svc.tensor_parallel import broke_group
 from turnstile.shared.metrics_server import serve_metrics
 from turnstile.shared.model_info import ModelInfo, served_name
-from turnstile.shared.settings import REFUSED
 from turnstile.shared.protocol import (
     PROTOCOL_VERSION,
     BatchPlan,
@@ -31,6 +30,7 @@ from turnstile.shared.protocol import (
     StepFailed,
     unpack_ids,
 )
+from turnstile.shared.settings import REFUSED
 from turnstile.shared.zmq_io import FrameCodec, make_socket, scheduler_addresses
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _ADD = {"a": {"type": "integer"}, "b": {"type": "string"}}
@@ -25,6 +26,16 @@ def _xml(name: str, **values: str) -> str:
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
+# Every argument of `weather` as a model writes it, and text before two calls of `add`.
+_WEATHER_TEXT = {"city": "Paris", "days": "3", "metric": "true", "tags": '["a", "b"]',
+                 "opts": '{"x": 1}', "temp": "2.5", "note": "null", "unit": "c",
+                 "when": "7"}  # fmt: skip
+
+
+def _two_adds(call: Callable[..., str]) -> str:
+    return "Let me check.\n" + call("add", a="7", b=" 12 ") + "\n" + call("add", a="seven")
+
+
 def _glm(name: str, **values: str) -> str:
     pairs = "".join(
         f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in values.items()
@@ -33,19 +44,8 @@ def _glm(name: str, **values: str) -> str:
 
 
 _GLM = [
-    _glm(
-        "weather",
-        city="Paris",
-        days="3",
-        metric="true",
-        tags='["a", "b"]',
-        opts="{'x': 1}",
-        temp="2.5",
-        note="null",
-        unit="c",
-        when="7",
-    ),
-    "Let me check.\n" + _glm("add", a="7", b=" 12 ") + "\n" + _glm("add", a="seven"),
+    _glm("weather", **_WEATHER_TEXT | {"opts": "{'x': 1}"}),
+    _two_adds(_glm),
     _glm("weather", metric="True", note="None", tags="('a', 1)", days=" 2 "),
     "<tool_call>add</tool_call>",
     "<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
@@ -100,19 +100,8 @@ TEXTS = {
         "[]",
     ],
     "qwen3_coder": [
-        _xml(
-            "weather",
-            city="Paris",
-            days="3",
-            metric="true",
-            tags='["a", "b"]',
-            opts='{"x": 1}',
-            temp="2.5",
-            note="null",
-            unit="c",
-            when="7",
-        ),
-        "Let me check.\n" + _xml("add", a="7", b=" 12 ") + "\n" + _xml("add", a="seven"),
+        _xml("weather", **_WEATHER_TEXT),
+        _two_adds(_xml),
         _xml("weather", days="2.0", temp="3", metric="0", when="soon", tags="not json"),
         _xml("unknown", q="5"),
         "No tools needed.",

@@ -4,7 +4,7 @@ parser of that name does, fed piece by piece (streaming) or whole (`base.py`).""
 from __future__ import annotations
 
 from turnstile.gateway_svc.tool_parsers.base import Call, ToolParser, make_call
-from turnstile.gateway_svc.tool_parsers.glm import Glm45, Glm47
+from turnstile.gateway_svc.tool_parsers.glm import Glm
 from turnstile.gateway_svc.tool_parsers.harmony_calls import HarmonyCalls
 from turnstile.gateway_svc.tool_parsers.hermes import Hermes
 from turnstile.gateway_svc.tool_parsers.llama3_json import Llama3Json
@@ -14,8 +14,8 @@ from turnstile.gateway_svc.tool_parsers.pythonic import Pythonic
 from turnstile.gateway_svc.tool_parsers.qwen3_coder import Qwen3Coder
 
 PARSERS: dict[str, type[ToolParser]] = {
-    "glm45": Glm45,
-    "glm47": Glm47,
+    "glm45": Glm,
+    "glm47": Glm,
     "granite": Granite,
     "hermes": Hermes,
     "llama3_json": Llama3Json,

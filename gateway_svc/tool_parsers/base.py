@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from turnstile.gateway_svc.text_stream import partial_suffix
+from turnstile.gateway_svc.tool_parsers.schema_values import coerce
 
 Call = dict[str, Any]
 Read = tuple[str, list[Call]]  # the text that can no longer become a call, the calls complete
@@ -44,6 +45,21 @@ class ToolParser(ABC):
     @abstractmethod
     def read(self, final: bool) -> Read:
         """What `text` settles; `final`: no more text comes."""
+
+    def arguments(self, name: str, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+        """Function `name`'s arguments from (key, text) pairs, each text read as its parameter's
+        JSON-schema type says (`schema_values.coerce`); as written where the request's tools do
+        not describe it."""
+        properties: dict[str, Any] = {}
+        for tool in self.tools:
+            function = tool.get("function") or {}
+            if function.get("name") == name:
+                properties = (function.get("parameters") or {}).get("properties") or {}
+        found = {}
+        for key, text in pairs:
+            schema = properties.get(key.strip())
+            found[key.strip()] = coerce(text, schema) if isinstance(schema, dict) else text
+        return found
 
     def take(self) -> str:
         text, self.text = self.text, ""

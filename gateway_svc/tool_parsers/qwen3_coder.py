@@ -5,10 +5,8 @@ read as its parameter's JSON-schema type says, as vLLM coerces it (`schema_value
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from turnstile.gateway_svc.tool_parsers.base import Call, TaggedCalls, make_call
-from turnstile.gateway_svc.tool_parsers.schema_values import coerce
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
@@ -22,17 +20,6 @@ class Qwen3Coder(TaggedCalls):
         if found is None:
             raise ValueError("no <function=...>")
         name, inner = found.group(1).strip(), found.group(2)
-        properties = self._properties(name)
-        arguments = {}
-        for key, raw in _PARAMETER.findall(inner):
-            value = raw.removeprefix("\n").removesuffix("\n")
-            schema = properties.get(key.strip())
-            arguments[key.strip()] = coerce(value, schema) if isinstance(schema, dict) else value
-        return make_call(name, arguments)
-
-    def _properties(self, name: str) -> dict[str, Any]:
-        for tool in self.tools:
-            function = tool.get("function") or {}
-            if function.get("name") == name:
-                return (function.get("parameters") or {}).get("properties") or {}
-        return {}
+        pairs = [(key, raw.removeprefix("\n").removesuffix("\n"))
+                 for key, raw in _PARAMETER.findall(inner)]  # fmt: skip
+        return make_call(name, self.arguments(name, pairs))

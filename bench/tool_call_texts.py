@@ -48,6 +48,7 @@ _GLM = [
     _two_adds(_glm),
     _glm("weather", metric="True", note="None", tags="('a', 1)", days=" 2 "),
     "<tool_call>add</tool_call>",
+    _glm("unknown", q="5"),
     "<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
     "No tools needed.",
 ]

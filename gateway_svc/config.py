@@ -66,10 +66,12 @@ class GatewayConfig:
         ]
         | None
     ) = setting(None, "how the model writes its tool calls (vLLM's parser names)")
-    reasoning_parser: Literal["deepseek_r1", "qwen3", "openai_gptoss"] | None = setting(
-        None,
-        "a reasoning model's thinking, between <think> and </think> (gpt-oss: its analysis "
-        "channel), given apart from a chat's answer as `reasoning` (vLLM's parser names)",
+    reasoning_parser: Literal["deepseek_r1", "glm45", "glm47", "qwen3", "openai_gptoss"] | None = (
+        setting(
+            None,
+            "a reasoning model's thinking, between <think> and </think> (gpt-oss: its analysis "
+            "channel), given apart from a chat's answer as `reasoning` (vLLM's parser names)",
+        )
     )
     responses_store_size: int = setting(
         0,

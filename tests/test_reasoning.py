@@ -184,10 +184,12 @@ def test_the_responses_api_gives_a_reasoning_item(client: openai.OpenAI) -> None
     assert again.usage.input_tokens > response.usage.input_tokens + response.usage.output_tokens
 
 
-def test_a_vocabulary_without_the_markers_is_refused_at_start() -> None:
+@pytest.mark.parametrize("parser", ["qwen3", "glm45"])
+def test_a_vocabulary_without_the_markers_is_refused_at_start(parser: str) -> None:
+    """Every <think> parser (deepseek_r1, qwen3, glm45, glm47) reads the same markers alike."""
     done = subprocess.run(
-        [sys.executable, "-m", "turnstile.cli", "serve", "--reasoning-parser", "qwen3"],
+        [sys.executable, "-m", "turnstile.cli", "serve", "--reasoning-parser", parser],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "--reasoning-parser qwen3: the model's vocabulary has no <think> token" in done.stderr
+    assert f"--reasoning-parser {parser}: the model's vocabulary has no <think>" in done.stderr

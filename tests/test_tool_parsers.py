@@ -23,6 +23,7 @@ _GLM = [
         "tool_calls",
     ),
     ("", [("add", {})], "tool_calls"),
+    ("", [], "stop"),  # a function the request does not offer: dropped
     ("", [("weather", {"city": "Oslo"})], "tool_calls"),
     ("No tools needed.", [], "stop"),
 ]

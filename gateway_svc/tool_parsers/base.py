@@ -78,8 +78,9 @@ class TaggedCalls(ToolParser):
         self.found = 0
 
     @abstractmethod
-    def call(self, body: str) -> Call:
-        """The call a block's body writes; ValueError, TypeError or KeyError where none."""
+    def call(self, body: str) -> Call | None:
+        """The call a block's body writes; ValueError, TypeError or KeyError where none; None
+        for a block dropped whole (GLM's call of a function the request does not offer)."""
 
     def read(self, final: bool) -> Read:
         said: list[str] = []
@@ -103,7 +104,7 @@ class TaggedCalls(ToolParser):
                 break
             body = self.text[start + len(self.START) : end if end >= 0 else None]
             try:
-                calls.append(self.call(body))
+                calls.extend(c for c in [self.call(body)] if c is not None)
             except (ValueError, TypeError, KeyError):  # the block as written
                 said.append(self.text[start : end + len(self.END) if end >= 0 else None])
             self.text = self.text[end + len(self.END) :] if end >= 0 else ""

@@ -1,6 +1,6 @@
 """What every tool-call parser shares: a call as OpenAI's `tool_calls` entry; the text held back
 while it may still become (part of) a call; and calls each written between a start and an end
-tag, which Hermes's and Qwen3-Coder's formats share."""
+tag, which Hermes's, Qwen3-Coder's and GLM's formats share."""
 
 from __future__ import annotations
 

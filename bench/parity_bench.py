@@ -30,6 +30,9 @@ PROMPTS = [
 ]
 
 
+PAD = 2  # the embedded model's end of text
+
+
 def prompt_ids(tokenizer: Tokenizer | None = None) -> list[list[int]]:
     """The prompts in `tokenizer`'s ids, the embedded model's by default."""
     if tokenizer is None:
@@ -38,19 +41,28 @@ def prompt_ids(tokenizer: Tokenizer | None = None) -> list[list[int]]:
     return [tokenizer.encode(prompt) for prompt in PROMPTS]
 
 
-def hf_greedy(prompts: list[list[int]], new_tokens: int, device: str = "cpu") -> list[list[int]]:
+def hf_greedy(
+    prompts: list[list[int]], new_tokens: int, device: str = "cpu", batched: bool = False
+) -> list[list[int]]:
+    """HF's greedy tokens for each prompt alone, or (`batched`) for all of them in one
+    left-padded `generate`: on the embedded model's 9 prompts the same 576 tokens in a third
+    of the time (session 54), since each step reads the weights once for every prompt."""
     model = hf_baseline.load_model(embedded_model_path(), torch.float32).to(device)
+    groups = [prompts] if batched else [[ids] for ids in prompts]
     outputs = []
     with torch.inference_mode():
-        for ids in prompts:
+        for group in groups:
+            longest = max(map(len, group))
+            padded = [[PAD] * (longest - len(ids)) + ids for ids in group]
+            mask = [[0] * (longest - len(ids)) + [1] * len(ids) for ids in group]
             generated = model.generate(
-                torch.tensor([ids], device=device),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+                torch.tensor(padded, device=device),
+                attention_mask=torch.tensor(mask, device=device),
                 max_new_tokens=new_tokens,
                 do_sample=False,
-                pad_token_id=2,
+                pad_token_id=PAD,
             )
-            outputs.append(generated[0, len(ids) :].tolist())
+            outputs += generated[:, longest:].tolist()
     return outputs
 
 

@@ -27,14 +27,14 @@ def prompt_ids() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_greedy(prompt_ids: list[list[int]]) -> list[list[int]]:
-    return parity_bench.hf_greedy(prompt_ids, NEW_TOKENS)
+    return parity_bench.hf_greedy(prompt_ids, NEW_TOKENS, batched=True)
 
 
 def requests(prompt_ids: list[list[int]], sampling: SamplingParams) -> list[AddRequest]:
     return fixed_length_requests(prompt_ids, sampling, NEW_TOKENS)
 
 
-def test_fp32_greedy_batch_with_chunking_and_preemption_equals_hf_alone(
+def test_fp32_greedy_batch_with_chunking_and_preemption_equals_hfs_batch(
     prompt_ids: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
     longest = max(len(ids) for ids in prompt_ids)

@@ -19,10 +19,20 @@ from test_failures import run_with_fault, wait_until_whole
 
 from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
+from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.executor_svc.tensor_parallel import TensorParallel
+from turnstile.offline import OfflineEngine
 from turnstile.scheduler_svc.executor_link import ExecutorLink
+from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.model_info import embedded_model_path, read_model_info
-from turnstile.shared.protocol import PROTOCOL_VERSION, Register
+from turnstile.shared.protocol import (
+    PROTOCOL_VERSION,
+    AddRequest,
+    Register,
+    SamplingParams,
+    pack_ids,
+)
+from turnstile.shared.settings import build
 from turnstile.shared.sharding import ShardingError
 
 pytestmark = pytest.mark.slow  # starts stacks
@@ -55,22 +65,40 @@ def _randomize_biases(file: Path) -> None:
     save_file(weights, file, metadata={"format": "pt"})
 
 
-def answers(server: Server, model: str) -> list[list[str]]:
+def answers(server: Server, model: str) -> list[tuple[int, ...]]:
+    """Each prompt's tokens greedy, then seeded, all sent at once."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
 
-    async def all_at_once() -> list[list[str]]:
+    async def all_at_once() -> list[tuple[int, ...]]:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        greedy = [aclient.completions.create(model=model, prompt=p, max_tokens=24,
-                                             temperature=0, extra_body={"ignore_eos": True})
+        ids = {"return_token_ids": True}
+        greedy = [aclient.completions.create(model=model, prompt=p, max_tokens=24, temperature=0,
+                                             extra_body={**ids, "ignore_eos": True})
                   for p in PROMPTS]  # fmt: skip
         seeded = [aclient.completions.create(model=model, prompt=p, max_tokens=24,
-                                             temperature=0.9, seed=i)
+                                             temperature=0.9, seed=i, extra_body=ids)
                   for i, p in enumerate(PROMPTS)]  # fmt: skip
         done = await asyncio.gather(*greedy, *seeded)
-        return [[c.choices[0].text for c in done]]
+        return [tuple(c.choices[0].token_ids) for c in done]  # type: ignore[attr-defined]
 
     assert client.models.list().data
     return asyncio.run(all_at_once())
+
+
+def single_executor(folder: Path) -> list[tuple[int, ...]]:
+    """What `answers` gets from one executor, computed in this process: a stack's start is
+    most of a test's time here, and served answers are the engine's (test_api.py)."""
+    engine = OfflineEngine(
+        build(RunnerConfig, model=str(folder), dtype="float32", num_blocks=16, block_size=8,
+              max_num_seqs=4),
+        SchedulingConfig(max_num_batched_tokens=32),
+    )  # fmt: skip
+    greedy = [AddRequest(i, pack_ids(prompt), 24, ignore_eos=True)
+              for i, prompt in enumerate(PROMPTS)]  # fmt: skip
+    seeded = [AddRequest(len(PROMPTS) + i, pack_ids(prompt), 24,
+                         SamplingParams(temperature=0.9, seed=i))
+              for i, prompt in enumerate(PROMPTS)]  # fmt: skip
+    return [tuple(done.token_ids) for done in engine.generate(greedy + seeded)]
 
 
 # Mixtral: each expert's intermediate dims split, as a dense MLP's. gpt-oss: its sinks split by
@@ -95,16 +123,13 @@ def test_two_ranks_give_the_single_executors_tokens_on_a_tiny_model(
     folder = tiny_llama(tmp_path, family, **FEATURES[family])
     if family != "Llama":
         _randomize_biases(folder / "model.safetensors")
-    runs = []
-    for size in (1, 2):
-        with launched_server("--model", str(folder), "--tensor-parallel-size", str(size),
-                             *TIGHT) as server:  # fmt: skip
-            runs.append(answers(server, folder.name))
-            if size > 1:
-                assert server.service(f"executor {size - 1}").is_running()  # a rank of its own
-                assert server.scrape()["turnstile:num_preemptions_total"] >= 1
-    assert runs[0] == runs[1]
-    assert len(set(runs[0][0])) > 4  # not degenerate
+    with launched_server("--model", str(folder), "--tensor-parallel-size", "2",
+                         *TIGHT) as server:  # fmt: skip
+        served = answers(server, folder.name)
+        assert server.service("executor 1").is_running()  # a rank of its own
+        assert server.scrape()["turnstile:num_preemptions_total"] >= 1
+    assert served == single_executor(folder)
+    assert len(set(served)) > 4  # not degenerate
 
 
 def test_three_ranks_give_the_single_executors_tokens_with_one_kv_head_each(
@@ -118,15 +143,12 @@ def test_three_ranks_give_the_single_executors_tokens_with_one_kv_head_each(
         num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
         max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2,
     )  # fmt: skip
-    runs = []
-    for size in (1, 3):
-        with launched_server("--model", str(folder), "--tensor-parallel-size", str(size),
-                             *TIGHT) as server:  # fmt: skip
-            runs.append(answers(server, folder.name))
-            if size > 1:
-                assert server.service(f"executor {size - 1}").is_running()
-    assert runs[0] == runs[1]
-    assert len(set(runs[0][0])) > 4  # not degenerate
+    with launched_server("--model", str(folder), "--tensor-parallel-size", "3",
+                         *TIGHT) as server:  # fmt: skip
+        served = answers(server, folder.name)
+        assert server.service("executor 2").is_running()
+    assert served == single_executor(folder)
+    assert len(set(served)) > 4  # not degenerate
 
 
 def test_a_killed_rank_restarts_its_group_and_every_stream_finishes_as_undisturbed(
@@ -241,6 +263,6 @@ def test_ranks_sized_by_their_memory_agree_on_the_fewest_blocks(tmp_path: Path) 
     with launched_server("--model", str(folder), "--tensor-parallel-size", "2", "--dtype",
                          "float32", *share) as server:  # fmt: skip
         blocks = server.scrape()["turnstile:kv_cache_total_blocks"]
-        assert answers(server, folder.name)[0][0]
+        assert answers(server, folder.name)[0]
     per_block = 2 * 2 * 16 * 1 * 32 * 4  # K and V, 2 layers, 16 tokens, a KV head a rank, fp32
     assert 0.5 * GIB < blocks * per_block < 1.5 * GIB

@@ -13,7 +13,7 @@ import torch
 from gguf_models import SCALES, random_blocks
 
 from turnstile.kernels import cpu_native
-from turnstile.kernels.gguf_blocks import from_gguf
+from turnstile.kernels.gguf_blocks import dequantized, from_gguf
 from turnstile.kernels.quantized_weights import (
     FP4,
     Q,
@@ -39,13 +39,15 @@ def _weight(kind: gguf.GGMLQuantizationType, rows: int, inputs: int) -> Quantize
 @pytest.mark.parametrize("kind", KINDS)
 def test_gguf_blocks_unpack_to_the_files_values(kind: gguf.GGMLQuantizationType) -> None:
     """Exactly; the K-quants' sub-block scales (d * sc, float32 in the file's dequantization)
-    rounded to fp16: at most 2**-11 of each term."""
+    rounded to fp16: at most 2**-11 of each term. Dequantized with float32 scales (a load
+    without `quantized`): gguf's values bit for bit."""
     if kind in K_QUANTS:
         data = random_blocks(kind, 7, 512)
     else:
         values = np.random.default_rng(0).normal(0, 0.1, (7, 96)).astype(np.float32)
         data = gguf.quants.quantize(values, kind)
     expected = torch.from_numpy(gguf.quants.dequantize(data, kind).astype(np.float32))
+    assert torch.equal(dequantized(data, kind), expected)
     weight = from_gguf(data, kind)
     terms = weight.codes.float().view(7, -1, weight.group) * weight.scale.float()[..., None]
     bound = 2**-11 * (terms.abs() + weight.offset.float().abs()[..., None]).view(7, -1)

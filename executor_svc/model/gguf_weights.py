@@ -20,7 +20,7 @@ import torch
 from turnstile.executor_svc.model.checkpoint_names import split_fused
 from turnstile.executor_svc.model.gguf_tensors import Tensor, gguf_tensors
 from turnstile.executor_svc.model.load_progress import LoadProgress
-from turnstile.kernels.gguf_blocks import Unkept, from_gguf
+from turnstile.kernels.gguf_blocks import EXACT, Unkept, dequantized, from_gguf
 from turnstile.kernels.quantized_weights import BITS, QuantizedWeight
 from turnstile.shared.model_info import ModelInfo
 from turnstile.shared.model_support import PERMUTED_ARCHITECTURES
@@ -107,6 +107,8 @@ def _read(
             return from_gguf(data, tensor.tensor_type)
         except Unkept as why:
             log.warning("%s dequantized: %s", tensor.name, why)
+    if tensor.tensor_type in EXACT:
+        return dequantized(data, tensor.tensor_type)
     values = gguf.quants.dequantize(data, tensor.tensor_type)
     return torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
 

@@ -92,6 +92,11 @@ class GatewayConfig:
             raise ValueError("--responses-store-size must be >= 0")
         model_sampling_defaults(None, self.override_generation_config)  # refused before a start
 
+    def sampling_defaults(self, found: dict[str, float] | None) -> dict[str, float]:
+        """What requests that leave sampling out get, given the model's generation config."""
+        found = found if self.generation_config == "auto" else None
+        return model_sampling_defaults(found, self.override_generation_config)
+
     @property
     def auto_tool_parser(self) -> str | None:
         """The parser of "auto" tool calls; None: "auto" is refused."""

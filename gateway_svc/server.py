@@ -18,7 +18,6 @@ from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.harmony import check_parsers
 from turnstile.gateway_svc.lora_updates import FolderResolver, LoraUpdates
 from turnstile.gateway_svc.reasoning import ThinkTokens
-from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.model_info import read_model_info, served_name
@@ -49,8 +48,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
     info = read_model_info(model)
     if settings.chat_template is not None:
         info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))
-    found = info.sampling_defaults if settings.generation_config == "auto" else None
-    sampling_defaults = model_sampling_defaults(found, settings.override_generation_config)
+    sampling_defaults = settings.sampling_defaults(info.sampling_defaults)
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
     tokenizer = Tokenizer(model, info, settings.default_chat_template_kwargs)

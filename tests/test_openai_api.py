@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from turnstile.gateway_svc.config import GatewayConfig
 from turnstile.gateway_svc.openai_api import engine_request, parse
 from turnstile.gateway_svc.request_types import CompletionRequest
 from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
 from turnstile.shared.model_info import embedded_model_path, read_model_info
+from turnstile.shared.settings import build
 from turnstile.shared.tokenizer import Tokenizer
 
 MODEL_DEFAULTS = {"temperature": 0.6, "top_k": 20}  # as a generation_config.json gives them
@@ -27,6 +31,25 @@ def test_fields_a_request_leaves_out_take_the_models_defaults_else_neutral_value
     assert sampling_of(bare, None) == (1.0, 1.0, 0)  # --generation-config none
     given = b'{"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5, "top_k": -1}'
     assert sampling_of(given, MODEL_DEFAULTS) == (0.0, 0.5, 0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "defaults"),
+    [
+        ({"generation_config": "auto"}, MODEL_DEFAULTS),
+        ({"generation_config": "none"}, {}),
+        # vLLM's --override-generation-config: alone under none, over the model's under auto
+        ({"generation_config": "none", "override_generation_config": {"temperature": 0}},
+         {"temperature": 0}),
+        ({"override_generation_config": {"temperature": 1.0}},
+         {**MODEL_DEFAULTS, "temperature": 1.0}),
+    ],
+)  # fmt: skip
+def test_the_generation_config_flags_choose_the_defaults(
+    flags: dict[str, Any], defaults: dict[str, float]
+) -> None:
+    """Each combination; two of them through a stack in test_choices_and_endpoints.py."""
+    assert build(GatewayConfig, **flags).sampling_defaults(MODEL_DEFAULTS) == defaults
 
 
 def test_a_model_default_outside_the_requests_ranges_is_refused_by_name() -> None:

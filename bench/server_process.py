@@ -117,7 +117,7 @@ def launched_server(
                 raise RuntimeError(f"turnstile serve exited with {process.returncode}")
             if time.monotonic() > deadline:
                 raise RuntimeError("turnstile serve did not become ready")
-            time.sleep(0.2)
+            time.sleep(0.05)
         if not addresses:
             scheduler = executors = ""
         yield Server(url, metrics, process, scheduler, executors)

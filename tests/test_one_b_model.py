@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,20 +46,16 @@ print(json.dumps([done.prompt_logprobs, done.token_ids, asdict(loaded)]))
 
 def _prompt_logprobs(
     folder: Path, model: Path, env: dict[str, str] | None = None, **flags: str
-) -> Callable[[], tuple[list[float], list[int], Footprint]]:
-    """Started in a process of its own (a 1B float32 load peaks at ~13 GB, which this one would
-    keep); what it returns waits for the prompt logprobs, greedy tokens and load's memory."""
+) -> tuple[list[float], list[int], Footprint]:
+    """The prompt logprobs, greedy tokens and load's memory of a process of its own (a 1B
+    float32 load peaks at ~13 GB, which this one would keep)."""
     argv = [sys.executable, "-c", _LOGPROBS, str(model), json.dumps(flags)]
     out = folder / "-".join(flags.values())
     with open(f"{out}.out", "w") as stdout, open(f"{out}.err", "w") as stderr:
-        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True, env=env)
-
-    def result() -> tuple[list[float], list[int], Footprint]:
-        assert process.wait() == 0, Path(f"{out}.err").read_text()[-3000:]
-        logprobs, tokens, loaded = json.loads(Path(f"{out}.out").read_text().splitlines()[-1])
-        return logprobs, tokens, Footprint(**loaded)
-
-    return result
+        done = subprocess.run(argv, stdout=stdout, stderr=stderr, text=True, env=env)
+    assert done.returncode == 0, Path(f"{out}.err").read_text()[-3000:]
+    logprobs, tokens, loaded = json.loads(Path(f"{out}.out").read_text().splitlines()[-1])
+    return logprobs, tokens, Footprint(**loaded)
 
 
 @pytest.mark.slow
@@ -83,22 +78,22 @@ def test_a_1b_q4_k_q6_k_model_loads_within_its_file_and_computes_as_float32(
     model = write_llama_gguf(tmp_path / "random-1b.gguf", ONE_B, ONE_B_KINDS)
     assert 0.9e9 < ONE_B.parameters < 1.2e9
     # The float32 side on the torch reference (no weights packed), its 4 GB copy not cached (a
-    # cache under a file cannot be made), beside the quantized side: gguf dequantizes on one core.
+    # cache under a file cannot be made); before the quantized side, not beside it: both take
+    # every core (run together, 60 s here against 30 s one after the other).
     (tmp_path / "file").touch()
     uncached = {**os.environ, "TURNSTILE_CACHE": str(tmp_path / "file" / "cache")}
-    exact_side = _prompt_logprobs(
+    exact, exact_tokens, _ = _prompt_logprobs(
         tmp_path, model, uncached, quantization="none", dtype="float32", backend="torch"
     )
     # The blocks' path (issue 25): int8 tiles would keep these random blocks anyway (their
     # scales along a feature span orders of magnitude; test_int8_tiles.py), after trying.
     quantized, tokens, footprint = _prompt_logprobs(
         tmp_path, model, quantization="gguf", kv_cache_dtype="float32", cpu_products="blocks"
-    )()
+    )
     print(footprint, footprint.ratio)  # the figures docs/benchmarks.md quotes (pytest -s)
     assert footprint.ratio <= 1.2, footprint
     # each tensor read as the model takes it, unpacked by chunks (read whole first: 3.3x)
     assert footprint.peak_bytes <= 1.8 * footprint.file_bytes + footprint.kv_bytes, footprint
-    exact, exact_tokens, _ = exact_side()
     error = (torch.tensor(quantized) - torch.tensor(exact)).abs()
     print(f"prompt logprobs: mean error {error.mean():.3f}, max {error.max():.3f}, mean "
           f"magnitude {torch.tensor(exact).abs().mean():.3f}")  # fmt: skip

@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,9 @@ def supervise(stack: list[Service], url: str, ready_timeout: float) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    wake, woken = socket.socketpair()  # a signal writes a byte: the wait below ends at once
+    wake.setblocking(False)
+    signal.set_wakeup_fd(wake.fileno())
     started = time.monotonic()
     announced = False
     code = 0
@@ -231,7 +235,13 @@ def supervise(stack: list[Service], url: str, ready_timeout: float) -> int:
                 print("turnstile: not ready in time; stopping", file=sys.stderr)
                 code = 1
                 break
-        time.sleep(0.2)
+        # until a child exits or a signal comes, at most a readiness check's interval
+        wait([*(child.sentinel for child in children), woken], timeout=0.2)
+        with contextlib.suppress(BlockingIOError):
+            woken.recv(64, socket.MSG_DONTWAIT)
+    signal.set_wakeup_fd(-1)
+    wake.close()
+    woken.close()
     _stop(children)
     return code
 

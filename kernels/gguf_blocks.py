@@ -49,11 +49,10 @@ def dequantized(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> torch.Tens
     """The float32 values gguf's own dequantization gives, bit for bit (each code times its
     float32 scale is exact, and the offset is added once, as gguf adds it), a chunk of rows
     at a time with torch, into one tensor: on every core, where gguf's numpy takes one."""
-    out = torch.empty(data.shape[0], 0)
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+    out = torch.empty(data.shape[0], data.shape[1] // block_bytes * block_values)
     for start in range(0, data.shape[0], CHUNK_ROWS):
         chunk = _unpacked(data[start : start + CHUNK_ROWS], kind, torch.float32)
-        if not out.numel():
-            out = torch.empty(data.shape[0], chunk.shape[1])
         values = out[start : start + len(chunk.codes)].view(len(chunk.codes), -1, chunk.group)
         torch.mul(chunk.codes.view(values.shape), chunk.scale[..., None], out=values)
         values.add_(chunk.offset[..., None])

@@ -41,8 +41,11 @@ PROMPTS = [
     [(7 * i + 3 * j) % 500 + 5 for j in range(length)] for i, length in enumerate((3, 40, 17, 90))
 ]
 # A small cache and budget: prompts go in chunks and rows are preempted.
-TIGHT = ("--dtype", "float32", "--num-blocks", "16", "--block-size", "8",
-         "--max-num-batched-tokens", "32", "--max-num-seqs", "4")  # fmt: skip
+ENGINE = dict(dtype="float32", num_blocks=16, block_size=8, max_num_seqs=4)
+BUDGET = 32  # --max-num-batched-tokens
+TIGHT = (*(part for name, value in ENGINE.items()
+           for part in (f"--{name.replace('_', '-')}", str(value))),
+         "--max-num-batched-tokens", str(BUDGET))  # fmt: skip
 
 
 def tiny_llama(folder: Path, family: str = "Llama", **features: object) -> Path:
@@ -88,11 +91,8 @@ def answers(server: Server, model: str) -> list[tuple[int, ...]]:
 def single_executor(folder: Path) -> list[tuple[int, ...]]:
     """What `answers` gets from one executor, computed in this process: a stack's start is
     most of a test's time here, and served answers are the engine's (test_api.py)."""
-    engine = OfflineEngine(
-        build(RunnerConfig, model=str(folder), dtype="float32", num_blocks=16, block_size=8,
-              max_num_seqs=4),
-        SchedulingConfig(max_num_batched_tokens=32),
-    )  # fmt: skip
+    engine = OfflineEngine(build(RunnerConfig, model=str(folder), **ENGINE),
+                           SchedulingConfig(max_num_batched_tokens=BUDGET))  # fmt: skip
     greedy = [AddRequest(i, pack_ids(prompt), 24, ignore_eos=True)
               for i, prompt in enumerate(PROMPTS)]  # fmt: skip
     seeded = [AddRequest(len(PROMPTS) + i, pack_ids(prompt), 24,

@@ -1,13 +1,11 @@
-"""The OpenAI-compatible HTTP API (aiohttp): routes, authentication, and the small endpoints;
-a generation request's own path is `generation.py`."""
+"""The OpenAI-compatible HTTP API (aiohttp): routes and the small endpoints (the API key and
+errors: `middlewares.py`); a generation request's own path is `generation.py`."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -22,6 +20,7 @@ from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation
 from turnstile.gateway_svc.harmony import counter_of, readers_of
+from turnstile.gateway_svc.middlewares import openai_errors, required_key
 from turnstile.gateway_svc.openai_api import (
     Request,
     check_capacity,
@@ -46,6 +45,7 @@ from turnstile.gateway_svc.responses import ResponseShape
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.responses_output import ResponseObject
 from turnstile.gateway_svc.responses_store import ResponsesStore
+from turnstile.gateway_svc.sampling_fields import RequestDefaults
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
@@ -58,24 +58,6 @@ from turnstile.gateway_svc.tool_calls import (
 from turnstile.shared.metrics_server import every_service_metrics
 from turnstile.shared.tokenizer import Tokenizer
 
-log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        error = ApiError(exc.status, exc.reason, kind)
-        return web.json_response(error.body(), status=exc.status)
-
 
 class Gateway:
     def __init__(
@@ -86,7 +68,7 @@ class Gateway:
         max_model_len: int,
         block_size: int,
         api_key: str | None = None,
-        sampling_defaults: dict[str, float] | None = None,
+        defaults: RequestDefaults | None = None,
         tool_parser: str | None = None,
         tokens_as_ids: bool = False,
         responses_kept: int = 0,
@@ -106,7 +88,7 @@ class Gateway:
         self.stored = ResponsesStore(responses_kept)  # for previous_response_id and GET
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids when a request is silent
         self.tool_parser = tool_parser  # None: tool_choice "auto" is refused
-        self.sampling_defaults = sampling_defaults or {}
+        self.defaults = defaults  # the model's generation config under the server's flags
         self.tokenizer = tokenizer
         self.served = models  # the names a request may ask for, its LoRA adapters' among them
         self.max_model_len = max_model_len
@@ -117,7 +99,7 @@ class Gateway:
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(
-            middlewares=[openai_errors, self._require_key], client_max_size=max_body_bytes
+            middlewares=[openai_errors, required_key(self.api_key)], client_max_size=max_body_bytes
         )
         app.on_response_prepare.append(request_id_header)
         app.router.add_post("/v1/completions", self.completions)
@@ -143,16 +125,6 @@ class Gateway:
         for path in ("/server_info", "/get_server_info"):  # SGLang's name, and its older one
             app.router.add_get(path, tokens.server_info)
         return app
-
-    @web.middleware
-    async def _require_key(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """With an API key set, /v1/ wants `Authorization: Bearer <key>`; /health and
-        /metrics stay open for probes and scrapers."""
-        if self.api_key and request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
-        return await handler(request)
 
     async def health(self, _: web.Request) -> web.Response:
         if not self.engine.ready:
@@ -266,7 +238,7 @@ class Gateway:
         think = answer_thinks(request, self.think, prompts[0], self.tokenizer)
         status = self.engine.status
         kv_tokens = status.num_blocks * self.block_size if status and status.num_blocks else None
-        limits = (self.max_model_len, self.tokenizer, self.sampling_defaults, kv_tokens)
+        limits = (self.max_model_len, self.tokenizer, self.defaults, kv_tokens)
         end = -1 if think is None else think.end
         messages = [engine_request(request, ids, *limits, grammar, end, lora) for ids in prompts]
         n = request.n or 1

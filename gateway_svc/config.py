@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.gateway_svc.sampling_fields import RequestDefaults, model_sampling_defaults
 from turnstile.shared.config import AddressConfig, EngineConfig
 from turnstile.shared.lora import LoraConfig
 from turnstile.shared.settings import nested, setting
@@ -32,13 +32,14 @@ class GatewayConfig:
     )
     generation_config: Literal["auto", "none"] = setting(
         "auto",
-        "auto: generation_config.json's temperature, top_p, top_k for requests that leave them "
-        "out (as vLLM); none: neutral (1, 1, off)",
+        "auto: generation_config.json's temperature, top_p, top_k (and max_new_tokens, a chat's "
+        "default output) for requests that leave them out (as vLLM); none: neutral (1, 1, off)",
     )
     override_generation_config: dict[str, float] | None = setting(
         None,
         'sampling defaults as JSON, e.g. {"temperature": 0.5}: over the model\'s (auto) or '
-        "alone (none); temperature, top_p, top_k, min_p and the penalties (vLLM's flag)",
+        "alone (none); temperature, top_p, top_k, min_p, the penalties, and max_new_tokens: "
+        "every request's most output tokens (vLLM's flag)",
     )
     default_chat_template_kwargs: dict[str, Any] | None = setting(
         None,
@@ -92,7 +93,7 @@ class GatewayConfig:
             raise ValueError("--responses-store-size must be >= 0")
         model_sampling_defaults(None, self.override_generation_config)  # refused before a start
 
-    def sampling_defaults(self, found: dict[str, float] | None) -> dict[str, float]:
+    def request_defaults(self, found: dict[str, float] | None) -> RequestDefaults:
         """What requests that leave sampling out get, given the model's generation config."""
         found = found if self.generation_config == "auto" else None
         return model_sampling_defaults(found, self.override_generation_config)

@@ -14,7 +14,7 @@ from turnstile.gateway_svc.request_types import (
     ChatMessage,
     CompletionRequest,
 )
-from turnstile.gateway_svc.sampling_fields import sampling_params
+from turnstile.gateway_svc.sampling_fields import RequestDefaults, sampling_params
 from turnstile.gateway_svc.token_requests import TokenizeChat
 from turnstile.gateway_svc.tool_calls import template_message, template_tools
 from turnstile.shared.protocol import AddRequest, Grammar, LoraRef, SchedulerStatus, pack_ids
@@ -156,15 +156,16 @@ def engine_request(
     prompt_ids: list[int],
     max_model_len: int,
     tokenizer: Tokenizer,
-    sampling_defaults: dict[str, float] | None = None,
+    defaults: RequestDefaults | None = None,
     kv_tokens: int | None = None,
     grammar: Grammar | None = None,
     think_end: int = -1,
     lora: LoraRef | None = None,
 ) -> AddRequest:
     """The scheduler's view of a request; refuses one that cannot fit the context. Sampling
-    fields it leaves out take `sampling_defaults` (the model's), else neutral values; a chat
-    without max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`).
+    fields it leaves out take `defaults` (the model's), else neutral values; a chat without
+    max_tokens may run to the end of the context, or of the KV cache (`kv_tokens`), or to the
+    model's max_new_tokens; none runs past the server's limit.
     `grammar`: the output's constraint; `think_end`: a reasoning model's </think>, where the
     answer starts inside its thinking (with the chat's thinking_token_budget); `lora`: the
     adapter it runs (None: none)."""
@@ -189,15 +190,18 @@ def engine_request(
         )
     if asked == 0:  # completions' echo alone: a token is computed, not answered (as vLLM)
         asked = 1
+    defaults = defaults or RequestDefaults()
     if asked is None:  # completions: 16, as OpenAI and vLLM; chat: the rest of the context
         fits = room if kv_tokens is None else max(min(room, kv_tokens - prompt_len), 1)
+        fits = min(fits, defaults.max_tokens or fits)
         asked = min(room, CompletionRequest.DEFAULT_MAX_TOKENS) if not chat else fits
+    asked = min(asked, defaults.max_tokens_limit or asked)
     return AddRequest(
         req_id=0,
         prompt_ids=pack_ids(prompt_ids),
         max_tokens=asked,
         sampling=msgspec.structs.replace(
-            sampling_params(request, tokenizer, sampling_defaults or {}, asked),
+            sampling_params(request, tokenizer, defaults.sampling, asked),
             grammar=grammar,
             think_end=think_end,
             thinking_budget=-1 if budget is None or think_end < 0 else budget,

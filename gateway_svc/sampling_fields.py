@@ -3,6 +3,7 @@ the request leaves a field out, token ids checked against the vocabulary, bad wo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -18,24 +19,42 @@ NEUTRAL_SAMPLING = {
     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
     "presence_penalty": 0.0, "frequency_penalty": 0.0,
 }  # fmt: skip
+OUTPUT_LIMIT = "max_new_tokens"  # generation_config.json's name for max_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestDefaults:
+    """What a request gets for the fields it leaves out, and the most output any may ask for."""
+
+    sampling: dict[str, float] = dataclasses.field(default_factory=dict)  # temperature, top_p...
+    max_tokens: int | None = None  # max_new_tokens: a chat's output where it sets no max_tokens
+    max_tokens_limit: int | None = None  # the override's max_new_tokens: every request's, as vLLM
 
 
 def model_sampling_defaults(
     found: dict[str, float] | None, override: dict[str, float] | None = None
-) -> dict[str, float]:
-    """The sampling defaults for requests that leave them out: the model's
-    (generation_config.json's) under `override` (--override-generation-config); one outside the
-    range a request may ask for, or that is no sampling setting, is refused at start, by name."""
-    unknown = sorted(set(override or {}) - set(NEUTRAL_SAMPLING))
+) -> RequestDefaults:
+    """The defaults for requests that leave fields out: the model's (generation_config.json's)
+    under `override` (--override-generation-config); one outside the range a request may ask
+    for, or that is no sampling setting, is refused at start, by name. `max_new_tokens` is a
+    chat's default output; from the override it also limits every request (vLLM's meaning)."""
+    unknown = sorted(set(override or {}) - {*NEUTRAL_SAMPLING, OUTPUT_LIMIT})
     if unknown:
         raise ValueError(f"--override-generation-config: {unknown[0]!r} is not supported (only "
-                         f"{', '.join(NEUTRAL_SAMPLING)})")  # fmt: skip
+                         f"{', '.join(NEUTRAL_SAMPLING)}, {OUTPUT_LIMIT})")  # fmt: skip
     defaults = {**(found or {}), **(override or {})}
+    most = defaults.pop(OUTPUT_LIMIT, None)
+    if most is not None and (most < 1 or most != int(most)):
+        raise ValueError(f"generation_config.json or --override-generation-config: "
+                         f"{OUTPUT_LIMIT} must be a whole number >= 1, not {most}")  # fmt: skip
     try:
         msgspec.convert({**defaults, "prompt": ""}, CompletionRequest)
     except msgspec.ValidationError as exc:
         raise ValueError(f"generation_config.json or --override-generation-config: {exc}") from None
-    return defaults
+    limit = (override or {}).get(OUTPUT_LIMIT)
+    return RequestDefaults(
+        defaults, None if most is None else int(most), None if limit is None else int(limit)
+    )
 
 
 def sampling_params(

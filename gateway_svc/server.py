@@ -48,7 +48,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
     info = read_model_info(model)
     if settings.chat_template is not None:
         info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))
-    sampling_defaults = settings.sampling_defaults(info.sampling_defaults)
+    defaults = settings.request_defaults(info.sampling_defaults)
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
     tokenizer = Tokenizer(model, info, settings.default_chat_template_kwargs)
@@ -70,7 +70,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         max_model_len,
         config.engine.block_size,
         settings.api_key,
-        sampling_defaults,
+        defaults,
         settings.auto_tool_parser,
         settings.return_tokens_as_token_ids,
         settings.responses_store_size,

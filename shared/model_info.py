@@ -182,7 +182,7 @@ def _from_gguf(path: Path) -> ModelInfo:
 # What vLLM's --generation-config auto takes from generation_config.json.
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-    "frequency_penalty",
+    "frequency_penalty", "max_new_tokens",
 )  # fmt: skip
 
 

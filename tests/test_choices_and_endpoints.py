@@ -201,34 +201,46 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_kv_cache(named: Server
 
 
 @pytest.mark.parametrize(
-    ("flags", "greedy_left_out"),
+    ("flags", "greedy_left_out", "outputs"),
     [
-        (["--generation-config", "auto"], True),
-        # over the model's (every combination: test_openai_api.py, without a stack)
-        (["--override-generation-config", '{"temperature": 1.0}'], False),
+        # the model's max_new_tokens: a chat's output when it sets none; a request may ask more
+        (["--generation-config", "auto"], True, (5, 12)),
+        # over the model's, and the override's max_new_tokens limits every request (as vLLM);
+        # every combination: test_openai_api.py, without a stack
+        (["--override-generation-config", '{"temperature": 1.0, "max_new_tokens": 3}'], False,
+         (3, 3)),
     ],
 )  # fmt: skip
 def test_the_models_generation_config_fills_what_a_request_leaves_out(
-    tmp_path: Path, flags: list[str], greedy_left_out: bool
+    tmp_path: Path, flags: list[str], greedy_left_out: bool, outputs: tuple[int, int]
 ) -> None:
-    """A model folder whose generation_config.json asks for greedy decoding: requests without a
-    temperature decode greedily under --generation-config auto, and sample under none."""
+    """A model folder whose generation_config.json asks for greedy decoding and 5 new tokens:
+    requests without a temperature decode greedily under --generation-config auto, and sample
+    under the override's; `outputs`: the tokens of a chat without max_tokens, and of a
+    completion asking 12."""
     import json
 
     from test_tensor_parallel import tiny_llama
 
     folder = tiny_llama(tmp_path)
-    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
+    generation = {"temperature": 0.0, "max_new_tokens": 5}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    template = "{{ messages[0].content }}"
+    no_eos = {"ignore_eos": True}
     with launched_server("--model", str(folder), "--dtype", "float32", "--num-blocks", "64",
-                         *flags) as server:  # fmt: skip
+                         "--chat-template", template, *flags) as server:  # fmt: skip
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-        args = dict(model=folder.name, prompt="w5 w6 w7", max_tokens=12)
-        greedy = client.completions.create(**args, temperature=0).choices[0].text
+        args = dict(model=folder.name, prompt="w5 w6 w7", max_tokens=12, extra_body=no_eos)
+        greedy = client.completions.create(**args, temperature=0)
         left_out = {client.completions.create(**args, seed=s).choices[0].text for s in range(4)}
+        chat = client.chat.completions.create(
+            model=folder.name, messages=[{"role": "user", "content": "w5 w6"}], extra_body=no_eos
+        )
     if greedy_left_out:
-        assert left_out == {greedy}
+        assert left_out == {greedy.choices[0].text}
     else:
-        assert left_out != {greedy}  # temperature 1: the draws differ from greedy
+        assert left_out != {greedy.choices[0].text}  # temperature 1: the draws differ from greedy
+    assert (chat.usage.completion_tokens, greedy.usage.completion_tokens) == outputs
 
 
 def test_usage_counts_the_prompt_tokens_found_cached(client: openai.OpenAI) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from turnstile.gateway_svc.config import GatewayConfig
 from turnstile.gateway_svc.openai_api import engine_request, parse
-from turnstile.gateway_svc.request_types import CompletionRequest
-from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
+from turnstile.gateway_svc.sampling_fields import RequestDefaults, model_sampling_defaults
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.settings import build
 from turnstile.shared.tokenizer import Tokenizer
@@ -21,7 +21,8 @@ def sampling_of(body: bytes, defaults: dict[str, float] | None) -> tuple[float, 
     path = embedded_model_path()
     tokenizer = Tokenizer(path, read_model_info(path))
     request = parse(body, CompletionRequest)
-    sampling = engine_request(request, [1, 2, 3], 64, tokenizer, defaults).sampling
+    given = None if defaults is None else RequestDefaults(defaults)
+    sampling = engine_request(request, [1, 2, 3], 64, tokenizer, given).sampling
     return sampling.temperature, sampling.top_p, sampling.top_k
 
 
@@ -49,14 +50,45 @@ def test_the_generation_config_flags_choose_the_defaults(
     flags: dict[str, Any], defaults: dict[str, float]
 ) -> None:
     """Each combination; two of them through a stack in test_choices_and_endpoints.py."""
-    assert build(GatewayConfig, **flags).sampling_defaults(MODEL_DEFAULTS) == defaults
+    assert build(GatewayConfig, **flags).request_defaults(MODEL_DEFAULTS).sampling == defaults
+
+
+@pytest.mark.parametrize(
+    ("found", "override", "outputs"),
+    [
+        (None, None, (16, 40, 61, 40)),  # completions 16 (as OpenAI), chats the context's rest
+        ({"max_new_tokens": 5}, None, (16, 40, 5, 40)),  # the model's: a chat's default only
+        (None, {"max_new_tokens": 5}, (5, 5, 5, 5)),  # the override's: every request's limit
+        ({"max_new_tokens": 30}, {"max_new_tokens": 20}, (16, 20, 20, 20)),
+    ],
+)  # fmt: skip
+def test_max_new_tokens_is_a_chats_default_and_from_the_override_every_requests_limit(
+    found: dict[str, float] | None, override: dict[str, float] | None, outputs: tuple[int, ...]
+) -> None:
+    """The max_tokens of a completion leaving it out, a completion asking 40, a chat leaving
+    it out, a chat asking 40, in a 64-token context: vLLM's `get_max_tokens`."""
+    path = embedded_model_path()
+    tokenizer = Tokenizer(path, read_model_info(path))
+    defaults = model_sampling_defaults(found, override)
+    requests = [
+        parse(b'{"prompt": "hi"}', CompletionRequest),
+        parse(b'{"prompt": "hi", "max_tokens": 40}', CompletionRequest),
+        parse(b'{"messages": [{"role": "user", "content": "hi"}]}', ChatCompletionRequest),
+        parse(b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 40}',
+              ChatCompletionRequest),
+    ]  # fmt: skip
+    asked = [engine_request(r, [1, 2, 3], 64, tokenizer, defaults).max_tokens for r in requests]
+    assert tuple(asked) == outputs
 
 
 def test_a_model_default_outside_the_requests_ranges_is_refused_by_name() -> None:
     found = {"temperature": 0.7, "repetition_penalty": 1.05, "min_p": 0.1}
-    assert model_sampling_defaults(found) == found
+    assert model_sampling_defaults(found).sampling == found
     with pytest.raises(ValueError, match="repetition_penalty"):
         model_sampling_defaults({"temperature": 0.7, "repetition_penalty": 3.0})
+    for most in (0, 2.5):
+        with pytest.raises(ValueError, match="max_new_tokens must be a whole number"):
+            model_sampling_defaults({"max_new_tokens": most})
 
 
 TEMPLATE = (

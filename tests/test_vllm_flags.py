@@ -102,7 +102,7 @@ def test_the_scheduling_policy_flag_is_our_policy(client: openai.OpenAI) -> None
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
-        (["--override-generation-config", '{"max_new_tokens": 8}'], "'max_new_tokens' is not"),
+        (["--override-generation-config", '{"num_beams": 4}'], "'num_beams' is not"),
         (["--override-generation-config", '{"temperature": 9}'], "Expected `float` <= 2"),
         (["--default-chat-template-kwargs", "{not json"], "is not a JSON object"),
         (["--scheduling-policy", "lifo"], "invalid choice: 'lifo'"),

@@ -23,7 +23,7 @@ from turnstile.gateway_svc.openai_api import (
 )
 from turnstile.gateway_svc.reasoning import answer_thinks
 from turnstile.gateway_svc.request_types import ChatCompletionRequest, CompletionRequest
-from turnstile.gateway_svc.sampling_fields import model_sampling_defaults
+from turnstile.gateway_svc.sampling_fields import RequestDefaults, model_sampling_defaults
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.text_stream import TextStream
@@ -41,7 +41,7 @@ UNWRITTEN = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "stream")
 
 def _message(
     request: CompletionRequest | ChatCompletionRequest, served: ServedModels,
-    tokenizer: Tokenizer, engine: OfflineEngine, defaults: dict[str, float],
+    tokenizer: Tokenizer, engine: OfflineEngine, defaults: RequestDefaults,
 ) -> AddRequest:  # fmt: skip
     """The line's request for the scheduler, as the gateway builds it; ApiError if it cannot
     run offline."""

@@ -22,7 +22,7 @@ from turnstile.shared.protocol import AddRequest, pack_ids, unpack_ids
 NOT_WITH_BEAMS = (
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "seed",
-    "stop", "stop_token_ids", "stream", "logprobs", "top_logprobs", "echo", "prompt_logprobs",
+    "stop", "stop_token_ids", "logprobs", "top_logprobs", "echo", "prompt_logprobs",
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "tools", "thinking_token_budget",
 )  # fmt: skip

@@ -1,7 +1,7 @@
 """vLLM's beam search (`use_beam_search`) through the official client on a float32 stack: the
 choices are the beams vLLM's algorithm finds on transformers' logprobs of the same weights, in
-its order, EOS-ended ones included; what a beam search cannot honour is refused by name; the KV
-cache is whole afterwards."""
+its order, EOS-ended ones included, streamed or not; what a beam search cannot honour is refused
+by name; the KV cache is whole afterwards."""
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def test_the_choices_are_vllms_beams(
 def test_a_chats_beams_end_at_eos_as_vllms(
     client: openai.OpenAI, model: Any, tokenizer: Tokenizer, server: Server
 ) -> None:
-    """Beams that end in the chat's end token are set aside and ranked with the live ones."""
+    """Beams that end in the chat's end token are set aside and ranked with the live ones;
+    streamed, the same beams."""
     messages = [{"role": "user", "content": "What is 2 + 2? Answer with a number."}]
     answer = client.chat.completions.create(
         model=MODEL, messages=messages, n=2, max_tokens=12,
@@ -120,6 +121,19 @@ def test_a_chats_beams_end_at_eos_as_vllms(
     got = [(c.model_extra["token_ids"], c.finish_reason) for c in answer.choices]
     assert got == expected
     assert [c.message.content for c in answer.choices] == [tokenizer.decode(t) for t, _ in expected]
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=messages, n=2, max_tokens=12, stream=True,
+        stream_options={"include_usage": True}, extra_body={"use_beam_search": True},
+    )  # fmt: skip
+    texts, reasons, usage = ["", ""], [None, None], None
+    for chunk in streamed:  # each beam's text comes whole as the search ends, as vLLM's
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in answer.choices]
+    assert reasons == [c.finish_reason for c in answer.choices]
+    assert usage.completion_tokens == answer.usage.completion_tokens
     wait_until_whole(server)
 
 
@@ -127,7 +141,7 @@ def test_a_chats_beams_end_at_eos_as_vllms(
     ("fields", "param"),
     [
         ({"use_beam_search": True, "temperature": 0.7}, "temperature"),
-        ({"use_beam_search": True, "stream": True}, "stream"),
+        ({"use_beam_search": True, "min_tokens": 2}, "min_tokens"),
         ({"use_beam_search": True, "logprobs": 2}, "logprobs"),
         ({"use_beam_search": True, "stop": ["."]}, "stop"),
         ({"use_beam_search": True, "seed": 1}, "seed"),

@@ -18,6 +18,12 @@ class GatewayConfig:
     host: str = setting("127.0.0.1", "the address to listen on")
     port: int = setting(8000, "the port to listen on")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/")
+    allowed_origins: tuple[str, ...] = setting(
+        ("*",), "the origins a browser page may call the API from (CORS; *: any, as vLLM)"
+    )
+    allowed_methods: tuple[str, ...] = setting(("*",), "the methods such a page may use (CORS)")
+    allowed_headers: tuple[str, ...] = setting(("*",), "the headers such a page may send (CORS)")
+    allow_credentials: bool = setting(False, "such a page may send its cookies (CORS)")
     max_body_mb: float = setting(4.0, "largest request body accepted")
     request_timeout: float = setting(
         1800.0, "seconds after which a request still running ends with an error (HTTP 504)"

@@ -1,10 +1,12 @@
-"""What every HTTP request passes through: the API key's check, and errors as OpenAI bodies."""
+"""What every HTTP request passes through: a browser's cross-origin checks (CORS), the API key's
+check, and errors as OpenAI bodies."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
 
+import aiohttp_cors
 from aiohttp import web
 
 from turnstile.gateway_svc.errors import ApiError
@@ -34,10 +36,32 @@ def required_key(api_key: str | None) -> Middleware:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if api_key and request.path.startswith("/v1/"):
+        # a browser's preflight carries no credentials: CORS answers it (vLLM's order)
+        if api_key and request.path.startswith("/v1/") and request.method != "OPTIONS":
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
         return await handler(request)
 
     return check
+
+
+def allow_cross_origin(
+    app: web.Application,
+    origins: tuple[str, ...],
+    methods: tuple[str, ...],
+    headers: tuple[str, ...],
+    credentials: bool,
+) -> None:
+    """Every route answers browsers' cross-origin requests and their preflights from
+    `origins` (vLLM's --allowed-origins and its siblings; "*": any), with aiohttp-cors; call it
+    once every route is added."""
+    options = aiohttp_cors.ResourceOptions(
+        allow_credentials=credentials,
+        allow_methods="*" if "*" in methods else methods,
+        allow_headers="*" if "*" in headers else headers,
+        max_age=600,  # as Starlette's, which vLLM's answers come from
+    )
+    cors = aiohttp_cors.setup(app, defaults={origin: options for origin in origins})
+    for route in list(app.router.routes()):
+        cors.add(route)

@@ -17,6 +17,7 @@ from turnstile.gateway_svc.config import GatewayServiceConfig
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.harmony import check_parsers
 from turnstile.gateway_svc.lora_updates import FolderResolver, LoraUpdates
+from turnstile.gateway_svc.middlewares import allow_cross_origin
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.shared.lora import adapters as lora_adapters
@@ -87,6 +88,8 @@ async def _serve(config: GatewayServiceConfig) -> None:
         log.warning("LoRA adapters may be loaded at run time: a client may have any folder "
                     "this server can read loaded")  # fmt: skip
         LoraUpdates(served, info, config.lora.max_lora_rank).register(app)
+    allow_cross_origin(app, settings.allowed_origins, settings.allowed_methods,
+                       settings.allowed_headers, settings.allow_credentials)  # fmt: skip
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, shutdown_timeout=DRAIN_SECONDS)

@@ -103,14 +103,23 @@ def _is_dict(hint: Any) -> bool:
 
 
 def _is_list(hint: Any) -> bool:
-    return any(typing.get_origin(arg) is list for arg in (hint, *typing.get_args(hint)))
+    return any(typing.get_origin(arg) in (list, tuple) for arg in (hint, *typing.get_args(hint)))
+
+
+def _json_array(words: list[Any]) -> bool:
+    return len(words) == 1 and isinstance(words[0], str) and words[0].startswith("[")
 
 
 def _convert(value: Any, hint: Any, source: str) -> Any:
     if isinstance(value, str) and _optional(hint) and value.lower() in ("", "none", "null"):
         return None
     if isinstance(value, str) and _is_list(hint):
-        value = value.split()  # a variable holds a list as words
+        value = [value] if value.startswith("[") else value.split()  # a variable: words
+    if _is_list(hint) and isinstance(value, list) and _json_array(value):
+        try:
+            value = msgspec.json.decode(value[0])  # as vLLM's flags take lists
+        except msgspec.DecodeError as exc:
+            raise SettingError(f"{source}: {value[0]!r} is not a JSON array ({exc})") from None
     if isinstance(value, str) and _is_dict(hint):
         try:
             value = msgspec.json.decode(value)  # a flag or a variable holds a mapping as JSON

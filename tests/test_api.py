@@ -32,6 +32,28 @@ def test_models_and_health(service: Server, client: openai.OpenAI) -> None:
     assert [model.id for model in client.models.list().data] == [MODEL]
 
 
+def test_a_page_from_any_origin_may_call_the_api_by_default(service: Server) -> None:
+    """vLLM's default --allowed-origins '["*"]': a browser's preflight from anywhere is
+    answered, and a streamed answer names the page's origin."""
+    import urllib.request
+
+    url = f"{service.url}/v1/chat/completions"
+    origin = {"Origin": "http://localhost:3000"}
+    preflight = urllib.request.Request(url, method="OPTIONS", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})  # fmt: skip
+    with urllib.request.urlopen(preflight) as answer:
+        assert answer.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+        assert "POST" in answer.headers["Access-Control-Allow-Methods"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "stream": True}  # fmt: skip
+    streamed = urllib.request.Request(url, json.dumps(body).encode(), method="POST", headers={
+        **origin, "Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(streamed) as answer:
+        assert answer.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+        assert answer.read().decode().rstrip().endswith("data: [DONE]")
+
+
 def test_chat_streamed_equals_whole_and_usage_is_right(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": QUESTIONS[0]}]
     whole = client.chat.completions.create(

@@ -26,10 +26,10 @@ NO_EOS = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def guarded_server() -> Iterator[Server]:
-    """One running sequence, at most one waiting, an API key."""
+    """One running sequence, at most one waiting, an API key, one origin a page may call from."""
     with launched_server(
         "--num-blocks", "128", "--max-num-seqs", "1", "--max-waiting", "1",
-        "--api-key", "sesame",
+        "--api-key", "sesame", "--allowed-origins", '["http://ui.example"]',
     ) as running:  # fmt: skip
         yield running
 
@@ -183,6 +183,37 @@ def test_a_mismatched_executor_is_refused_with_a_clear_reason(service: Server) -
         model=MODEL, prompt="Still serving?", max_tokens=3, extra_body=NO_EOS
     )
     assert answer.usage.completion_tokens == 3
+
+
+def test_a_page_from_an_allowed_origin_may_call_the_api_and_no_other_may(
+    guarded_server: Server,
+) -> None:
+    """CORS, as a browser checks it: the preflight (no API key: a browser sends none) answers
+    the allowed origin, and the API's answers name it; another origin's preflight is refused
+    and its answers name no origin."""
+    import urllib.error
+    import urllib.request
+
+    def call(method: str, origin: str, **headers: str) -> tuple[int, dict[str, str]]:
+        url = f"{guarded_server.url}/v1/chat/completions"
+        request = urllib.request.Request(url, method=method, headers={"Origin": origin, **headers})
+        try:
+            with urllib.request.urlopen(request, data=b"{}" if method == "POST" else None) as r:
+                return r.status, dict(r.headers)
+        except urllib.error.HTTPError as refused:
+            return refused.code, dict(refused.headers)
+
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    status, headers = call("OPTIONS", "http://ui.example", **preflight)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "http://ui.example"
+    assert "AUTHORIZATION" in headers["Access-Control-Allow-Headers"].upper()
+    status, headers = call("POST", "http://ui.example", Authorization="Bearer sesame")
+    assert status == 400 and headers["Access-Control-Allow-Origin"] == "http://ui.example"
+    assert call("POST", "http://ui.example")[0] == 401  # the key still guards the API
+    assert call("OPTIONS", "http://elsewhere.example", **preflight)[0] == 403
+    status, headers = call("POST", "http://elsewhere.example", Authorization="Bearer sesame")
+    assert "Access-Control-Allow-Origin" not in headers
 
 
 def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:

@@ -41,6 +41,18 @@ def test_booleans_and_unset_values_from_variables_and_flags() -> None:
     assert bound(["serve", "--max-model-len", "none"]).engine.max_model_len is None
 
 
+def test_a_list_is_words_or_a_json_array_as_vllms_flags_take_it() -> None:
+    both = ("http://a.example", "http://b.example")
+    given = [
+        bound(["serve", "--allowed-origins", *both]),
+        bound(["serve", "--allowed-origins", '["http://a.example", "http://b.example"]']),
+        bound(["serve"], {"TURNSTILE_ALLOWED_ORIGINS": "http://a.example http://b.example"}),
+        bound(["serve"], {"TURNSTILE_ALLOWED_ORIGINS": '["http://a.example", "http://b.example"]'}),
+    ]
+    assert [config.gateway.allowed_origins for config in given] == [both] * 4
+    assert bound(["serve"]).gateway.allowed_origins == ("*",)  # vLLM's default
+
+
 @pytest.mark.parametrize(
     ("argv", "environ", "file", "named"),
     [
@@ -49,6 +61,7 @@ def test_booleans_and_unset_values_from_variables_and_flags() -> None:
         ([], {}, "block-size: [1]\n", "block_size in"),
         ([], {}, "blok-size: 16\n", "'blok_size'"),
         ([], {}, "- a list\n", "a mapping"),
+        (["--allowed-origins", '["http://a.example",'], {}, "", "is not a JSON array"),
         (
             ["--block-size", "0"],
             {},

@@ -63,8 +63,8 @@ class Grammars:
     """The matchers of the batch's constrained requests (a grammar, a thinking budget), by
     request id."""
 
-    def __init__(self, model_path: Path, info: ModelInfo) -> None:
-        self._model_path, self._info = model_path, info
+    def __init__(self, tokenizer_path: Path, info: ModelInfo) -> None:
+        self._tokenizer_path, self._info = tokenizer_path, info
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._compiler: Any = None  # xgrammar.GrammarCompiler, built in the pool's thread
         self._rows: dict[int, _Row] = {}
@@ -223,7 +223,7 @@ class Grammars:
         import xgrammar
         from transformers import PreTrainedTokenizerFast
 
-        tokenizer = Tokenizer(self._model_path, self._info)
+        tokenizer = Tokenizer(self._tokenizer_path, self._info)
         info = xgrammar.TokenizerInfo.from_huggingface(
             PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend),
             vocab_size=self._info.vocab_size,

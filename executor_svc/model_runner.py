@@ -92,7 +92,7 @@ class ModelRunner:
         self.adapters.preload([adapter.ref for adapter in named])
         self.backend.bind(self.model, self.kv_caches, lora)
         self.applier = PlanApplier(engine.max_num_seqs, self.max_model_len, engine.block_size)
-        self.grammars = Grammars(config.model_path, self.info)
+        self.grammars = Grammars(engine.tokenizer_path, self.info)
         self._in_flight: list[StepInFlight] = []  # launched, oldest first, not yet settled
         self._mask_staging = Staging(self.device)  # the grammars' masks, once the step runs
         # Unseeded rows draw keys from this generator: every rank seeds it alike.

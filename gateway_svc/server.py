@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 from pathlib import Path
@@ -22,7 +21,7 @@ from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.model_info import read_model_info, served_name
-from turnstile.shared.tokenizer import Tokenizer, read_template
+from turnstile.shared.tokenizer import read_template, served_tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
 
 log = logging.getLogger(__name__)
@@ -47,12 +46,14 @@ class UnparsableRequests(logging.Filter):
 async def _serve(config: GatewayServiceConfig) -> None:
     model, settings = config.engine.model_path, config.gateway
     info = read_model_info(model)
-    if settings.chat_template is not None:
-        info = dataclasses.replace(info, chat_template=read_template(settings.chat_template))
+    template = None if settings.chat_template is None else read_template(settings.chat_template)
     defaults = settings.request_defaults(info.sampling_defaults)
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)
     engine.start()
-    tokenizer = Tokenizer(model, info, settings.default_chat_template_kwargs)
+    tokenizer = served_tokenizer(
+        config.engine, info, settings.default_chat_template_kwargs, template
+    )
+    info = tokenizer.info  # the chat template served
     parser = settings.reasoning_parser
     check_parsers(info, settings.tool_call_parser, parser)
     max_model_len = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)

@@ -28,6 +28,11 @@ class EngineConfig:
     revision: str | None = setting(
         None, "with a Hugging Face id: the branch, tag or commit in the cache (default: main)"
     )
+    tokenizer: str | None = setting(
+        None,
+        "a folder, or a Hugging Face id in the local cache, whose tokenizer and chat template "
+        "serve in place of the model's: a GGUF file's base model's, as vLLM's docs advise",
+    )
     max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
     block_size: int = setting(16, "tokens per KV-cache block")
     max_num_seqs: int = setting(128, "sequences one step may run")
@@ -58,6 +63,11 @@ class EngineConfig:
     @property
     def model_path(self) -> Path:
         return resolve_model_path(self.model, self.revision)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """Where the tokenizer comes from: --tokenizer's folder, else the model."""
+        return self.model_path if self.tokenizer is None else resolve_model_path(self.tokenizer)
 
 
 @dataclass(slots=True, frozen=True)

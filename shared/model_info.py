@@ -199,6 +199,17 @@ def _eos_ids(config: dict, generation: dict) -> tuple[int, ...]:
     return tuple(ids) or (2,)
 
 
+def folder_chat_template(path: Path) -> str | None:
+    """A Hugging Face folder's chat template, where transformers saves it."""
+    template_file = path / "chat_template.jinja"  # transformers 4.43 on
+    if template_file.exists():
+        return template_file.read_text()
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.exists():
+        return json.loads(tokenizer_config.read_text()).get("chat_template")
+    return None
+
+
 def _from_hf_directory(path: Path) -> ModelInfo:
     config = json.loads((path / "config.json").read_text())
     check_hf_config(config, f"{path.name}/config.json")
@@ -206,11 +217,7 @@ def _from_hf_directory(path: Path) -> ModelInfo:
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
     eos_ids = _eos_ids(config, generation)
     heads = config["num_attention_heads"]
-    template_file = path / "chat_template.jinja"  # where transformers 4.43 on saves it
-    template = template_file.read_text() if template_file.exists() else None
-    tokenizer_config = path / "tokenizer_config.json"
-    if template is None and tokenizer_config.exists():
-        template = json.loads(tokenizer_config.read_text()).get("chat_template")
+    template = folder_chat_template(path)
     rope, _ = rope_parameters(config)
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     return ModelInfo(

@@ -6,6 +6,7 @@ GGUF converter) and cached as a `tokenizer.json`; later starts load that file di
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime
 from pathlib import Path
@@ -15,9 +16,10 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
+from turnstile.shared.config import EngineConfig
 from turnstile.shared.derived_files import derived_path, write_atomically
 from turnstile.shared.gguf_header import read_header
-from turnstile.shared.model_info import ModelInfo
+from turnstile.shared.model_info import ModelInfo, folder_chat_template
 
 
 def _load_backend(model: Path) -> tokenizers.Tokenizer:
@@ -137,6 +139,30 @@ class Tokenizer:
             kept = text[at : at + len(final.lstrip())] == final
             text = text[: at + len(final.lstrip() if kept else final.strip())]
         return text
+
+
+def served_tokenizer(
+    engine: EngineConfig,
+    info: ModelInfo,
+    template_kwargs: dict[str, Any] | None = None,
+    template: str | None = None,
+) -> Tokenizer:
+    """The tokenizer requests are read with: the model's, or --tokenizer's with its chat
+    template (`template`, --chat-template's, over either); one whose vocabulary the model
+    cannot embed is refused, by name."""
+    if engine.tokenizer is None:
+        own = info.chat_template
+    else:
+        folder = engine.tokenizer_path
+        own = (folder_chat_template(folder) if folder.is_dir() else None) or info.chat_template
+    served = dataclasses.replace(info, chat_template=template or own)
+    tokenizer = Tokenizer(engine.tokenizer_path, served, template_kwargs)
+    if tokenizer.vocab_size > info.vocab_size:
+        raise ValueError(
+            f"--tokenizer {engine.tokenizer}: its vocabulary has {tokenizer.vocab_size} tokens, "
+            f"the model embeds {info.vocab_size}"
+        )
+    return tokenizer
 
 
 def read_template(template: str) -> str:

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -116,3 +117,63 @@ def test_a_value_these_flags_do_not_take_is_refused_before_anything_starts(
     done = subprocess.run([sys.executable, "-m", "turnstile.cli", "serve", *flags],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode != 0 and refusal in done.stderr
+
+
+def _tokenizer_folder(folder: Path, extra_tokens: int = 0) -> Path:
+    """SmolLM2's vocabulary without its merges (each text read a character a token: plainly
+    not the model's own tokenizer), with a bare chat template; `extra_tokens` more than the
+    model embeds."""
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import Tokenizer
+
+    path = embedded_model_path()
+    tokenizer = json.loads(Tokenizer(path, read_model_info(path)).backend.to_str())
+    tokenizer["model"]["merges"] = []
+    vocab = tokenizer["model"]["vocab"]
+    for n in range(extra_tokens):
+        vocab[f"<extra_{n}>"] = len(vocab)
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return folder
+
+
+def test_tokenizer_reads_requests_with_another_folders_tokenizer_and_template(
+    tmp_path: Path,
+) -> None:
+    """vLLM's --tokenizer, as its docs advise for a GGUF file: the gateway tokenizes with the
+    folder's tokenizer and renders chats with its template, and a constrained answer (the
+    executor's grammar over that vocabulary) still parses; a folder whose vocabulary the model
+    cannot embed is refused before anything starts."""
+    folder = _tokenizer_folder(tmp_path / "characters")
+    with launched_server("--tokenizer", str(folder), "--num-blocks", "64") as server:
+        root = openai.OpenAI(base_url=server.url, api_key="-", max_retries=0)
+        assert root.post("/tokenize", cast_to=object, body={"prompt": "Hello"})["count"] == 5
+        chat = {"messages": [{"role": "user", "content": "Hi"}]}
+        assert root.post("/tokenize", cast_to=object, body=chat)["count"] == 2
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+        choice = {"structured_outputs": {"choice": ["yes", "no"]}}
+        answer = client.chat.completions.create(model=MODEL, **chat, extra_body=choice)
+        assert answer.usage.prompt_tokens == 2
+        assert answer.choices[0].message.content in ("yes", "no")
+    too_many = _tokenizer_folder(tmp_path / "larger", extra_tokens=1)
+    done = subprocess.run([sys.executable, "-m", "turnstile.cli", "serve", "--tokenizer",
+                           str(too_many)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode != 0 and "the model embeds 49152" in done.stderr
+
+
+def test_the_chat_template_is_the_flags_else_the_tokenizer_folders_else_the_models(
+    tmp_path: Path,
+) -> None:
+    from turnstile.shared.config import EngineConfig
+    from turnstile.shared.model_info import embedded_model_path, read_model_info
+    from turnstile.shared.tokenizer import served_tokenizer
+
+    folder = _tokenizer_folder(tmp_path / "characters")
+    info = read_model_info(embedded_model_path())
+    engine = EngineConfig(tokenizer=str(folder))
+    own = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+    assert served_tokenizer(engine, info).info.chat_template == own
+    assert served_tokenizer(engine, info, template="{{ x }}").info.chat_template == "{{ x }}"
+    assert served_tokenizer(EngineConfig(), info).info.chat_template == info.chat_template

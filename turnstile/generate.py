@@ -33,7 +33,7 @@ from turnstile.shared.config import SchedulingConfig
 from turnstile.shared.lora import adapters
 from turnstile.shared.model_info import served_name
 from turnstile.shared.protocol import AddRequest
-from turnstile.shared.tokenizer import Tokenizer
+from turnstile.shared.tokenizer import Tokenizer, served_tokenizer
 
 # Fields a line's record has no place for: refused unless left out, null or false.
 UNWRITTEN = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "stream")
@@ -71,7 +71,7 @@ def generate_file(
         names, adapters(config.lora, engine.runner.info), engine.runner.max_model_len
     )
     defaults = model_sampling_defaults(engine.runner.info.sampling_defaults)  # as served: auto
-    tokenizer = Tokenizer(config.model_path, engine.runner.info)
+    tokenizer = served_tokenizer(config.engine, engine.runner.info)
     lines = [line for line in source.read_text().splitlines() if line.strip()]
     records: list[dict] = []
     parsed: list[tuple[int, CompletionRequest | ChatCompletionRequest]] = []

@@ -42,7 +42,7 @@ from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.settings import REFUSED, nested, setting
 from turnstile.shared.sharding import check_sharding
-from turnstile.shared.tokenizer import Tokenizer
+from turnstile.shared.tokenizer import served_tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
 
 MAX_RESTARTS = 5  # within RESTART_WINDOW seconds, per service; then everything stops
@@ -167,10 +167,11 @@ def serve(config: ServeConfig) -> None:
         lora_adapters(config.lora, info)  # each one checked
         gateway = config.gateway
         check_parsers(info, gateway.tool_call_parser, gateway.reasoning_parser)
-        if (
-            parser := gateway.reasoning_parser
-        ) and not info.chat_format:  # markers in its vocabulary
-            ThinkTokens.of(Tokenizer(config.engine.model_path, info), parser)
+        parser = gateway.reasoning_parser if not info.chat_format else None
+        if parser or config.engine.tokenizer is not None:  # a vocabulary the model embeds
+            tokenizer = served_tokenizer(config.engine, info)
+            if parser:  # its markers in that vocabulary
+                ThinkTokens.of(tokenizer, parser)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         sys.exit(f"turnstile: {exc}")
     # A directory of its own (mkdtemp makes it 0700): no other local user reaches the sockets,

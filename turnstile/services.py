@@ -30,11 +30,11 @@ def prepare(config: EngineConfig, _: argparse.Namespace) -> None:
     from turnstile.executor_svc.model.weights import load_weights
     from turnstile.kernels import cpu_native
     from turnstile.shared.model_info import read_model_info
-    from turnstile.shared.tokenizer import Tokenizer
+    from turnstile.shared.tokenizer import served_tokenizer
 
     path = config.model_path
     info = read_model_info(path)
-    Tokenizer(path, info)
+    served_tokenizer(config, info)
     load_weights(path, info)
     native = cpu_native.library()
     print(f"prepared {path}; native CPU kernels: {'built' if native else 'unavailable'}")

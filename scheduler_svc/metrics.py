@@ -1,4 +1,5 @@
-"""The scheduler's Prometheus series, named after vLLM's under our prefix."""
+"""The scheduler's Prometheus series, named after vLLM's under our prefix, and vLLM's periodic
+stats line (`stats_log.py`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from turnstile.scheduler_svc.request import Status
 from turnstile.scheduler_svc.scheduler import Scheduler
+from turnstile.scheduler_svc.stats_log import StatsLog
+from turnstile.shared.config import MetricsConfig
 
 
 def _gauge(name: str, documentation: str) -> Gauge:
@@ -19,7 +22,8 @@ _EXECUTOR_BUCKETS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 class SchedulerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, config: MetricsConfig) -> None:
+        self.stats_log = None if config.disable_log_stats else StatsLog(config.log_stats_interval)
         self.running = _gauge("turnstile:num_requests_running", "Requests in the running batch")
         self.waiting = _gauge("turnstile:num_requests_waiting", "Requests waiting to be admitted")
         self.kv_usage = _gauge("turnstile:kv_cache_usage_perc", "Fraction of KV blocks in use")
@@ -105,6 +109,8 @@ class SchedulerMetrics:
             if value > seen:
                 counter.inc(value - seen)
         self._seen = now
+        if self.stats_log is not None:
+            self.stats_log.maybe_log(scheduler)
 
     def _observe_adapters(self, scheduler: Scheduler, max_loras: int) -> None:
         names: dict[Status, set[str]] = {Status.RUNNING: set(), Status.WAITING: set()}

@@ -57,7 +57,7 @@ class SchedulerService:
             self.model.vocab_size,
             config.engine.tensor_parallel_size,
         )
-        self.metrics = SchedulerMetrics()
+        self.metrics = SchedulerMetrics(config.metrics)
         self.scheduler: Scheduler | None = None
         self.in_flight = PlansInFlight(config.scheduling)
         self.lost_since: float | None = None

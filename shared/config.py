@@ -142,6 +142,16 @@ class MetricsConfig:
         None, "serve /metrics here (serve: the scheduler's; the executor's is the next port)"
     )
     metrics_host: str = setting("127.0.0.1", "the metrics server's address")
+    disable_log_stats: bool = setting(
+        False, "no periodic stats line from the scheduler (throughput, queues, KV cache; vLLM's)"
+    )
+    log_stats_interval: float = setting(
+        10.0, "seconds between those lines (vLLM's VLLM_LOG_STATS_INTERVAL)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.log_stats_interval <= 0:
+            raise ValueError("--log-stats-interval must be positive (--disable-log-stats: none)")
 
 
 @dataclass(slots=True, frozen=True)

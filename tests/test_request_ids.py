@@ -3,7 +3,8 @@ else the body's `request_id`, else a fresh one, behind "chatcmpl-" or "cmpl-" (t
 API's `request_id` is the response's id as given); the id comes back as the `X-Request-Id`
 header, streamed or whole; `--enable-log-requests` logs a line as each ends, under its id. And
 `--return-tokens-as-token-ids`, vLLM's server default for the request field: this module's
-stack runs with both."""
+stack runs with both. The scheduler's periodic stats line, as vLLM's (its absence under
+`--disable-log-stats`: test_router.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 
 @pytest.fixture(scope="module")
 def service(stack_log: Path) -> Iterator[Server]:
-    flags = ("--num-blocks", "256", "--return-tokens-as-token-ids", "--enable-log-requests")
+    flags = ("--num-blocks", "256", "--return-tokens-as-token-ids", "--enable-log-requests",
+             "--log-stats-interval", "0.5")  # fmt: skip
     with logged_stack(stack_log, *flags) as running:
         yield running
 
@@ -132,3 +134,21 @@ def test_each_request_is_logged_as_it_ends_under_its_id(
         )
     line = logged(stack_log, r"request e-1 \(embeddings\) 200: .*\(16 cached\).*")
     assert f"{embedded.usage.prompt_tokens} prompt tokens" in line and ", 0 generated" in line
+
+
+def test_the_scheduler_logs_vllms_stats_line_while_it_works(
+    client: openai.OpenAI, stack_log: Path
+) -> None:
+    start = len(stack_log.read_text())
+    client.completions.create(
+        model=MODEL, prompt="Once", max_tokens=64, temperature=0, extra_body={"ignore_eos": True}
+    )
+    pattern = (r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: "
+               r"([\d.]+) tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, KV cache usage: "
+               r"[\d.]+%")  # fmt: skip
+    for _ in range(50):
+        rates = [float(r) for r in re.findall(pattern, stack_log.read_text()[start:])]
+        if any(rates):
+            break
+        time.sleep(0.1)
+    assert any(rate > 0 for rate in rates), "no stats line counted the 64 tokens"

@@ -35,7 +35,8 @@ def served_requests(server: Server) -> float:
 def replica(stack_log: Path) -> Iterator[Server]:
     """On one thread: two stacks' teams of threads on the same two cores wait on each other at
     every barrier (six requests took 20 s, not 1.5; README, "Replicas behind sglang-router")."""
-    flags = ("--num-blocks", "256", "--max-num-seqs", "32")
+    flags = ("--num-blocks", "256", "--max-num-seqs", "32", "--disable-log-stats",
+             "--log-stats-interval", "0.5")  # fmt: skip
     with logged_stack(stack_log, *flags, env={"OMP_NUM_THREADS": "1"}) as running:
         yield running
 
@@ -139,3 +140,9 @@ def test_prompts_spread_over_the_replicas_and_a_prefix_returns_to_its_own(
         assert again is not None and again.prompt_tokens_details is not None
         # Elsewhere only the chat template's first block would be found.
         assert again.prompt_tokens_details.cached_tokens >= 80, again
+
+
+def test_a_replica_under_disable_log_stats_writes_no_stats_line(stack_log: Path) -> None:
+    """After the requests it served above, and two of its intervals more."""
+    time.sleep(1.0)
+    assert "Avg prompt throughput" not in stack_log.read_text()

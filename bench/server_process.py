@@ -109,7 +109,7 @@ def launched_server(
     output = subprocess.DEVNULL if quiet else None
     errors = open(log, "wb") if log is not None else None  # noqa: SIM115 (closed below)
     process = subprocess.Popen(command, env=env, stdout=output, stderr=errors)
-    url = f"http://127.0.0.1:{http}"
+    url = f"{'https' if '--ssl-certfile' in extra else 'http'}://127.0.0.1:{http}"
     deadline = time.monotonic() + ready_timeout
     try:
         while not healthy(url):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -91,6 +92,12 @@ class GatewayConfig:
     return_tokens_as_token_ids: bool = setting(
         False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
     )
+    ssl_certfile: str | None = setting(None, "a PEM certificate (chain): answer over HTTPS")
+    ssl_keyfile: str | None = setting(None, "its private key, if not in the certificate's file")
+    ssl_ca_certs: str | None = setting(None, "CA certificates a client's certificate is checked by")
+    ssl_cert_reqs: int = setting(
+        0, "a client certificate: 0 not asked for, 1 checked if given (ssl.CERT_*, vLLM's flag)"
+    )
 
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
@@ -98,6 +105,30 @@ class GatewayConfig:
         if self.responses_store_size < 0:
             raise ValueError("--responses-store-size must be >= 0")
         model_sampling_defaults(None, self.override_generation_config)  # refused before a start
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("--ssl-keyfile needs --ssl-certfile")
+        if self.ssl_cert_reqs not in (0, 1):  # 2 would shut out the stack's own health probe
+            raise ValueError("--ssl-cert-reqs must be 0 or 1 (2, required, is not supported)")
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ssl_certfile is None else "https"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context from the --ssl-* files (None: plain HTTP); a file that
+        cannot be read or does not fit is refused by name."""
+        if self.ssl_certfile is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+            if self.ssl_ca_certs is not None:
+                context.load_verify_locations(self.ssl_ca_certs)
+        except (OSError, ssl.SSLError) as exc:
+            files = [f for f in (self.ssl_certfile, self.ssl_keyfile, self.ssl_ca_certs) if f]
+            raise ValueError(f"--ssl-*: {', '.join(files)}: {exc}") from None
+        context.verify_mode = ssl.VerifyMode(self.ssl_cert_reqs)
+        return context
 
     def request_defaults(self, found: dict[str, float] | None) -> RequestDefaults:
         """What requests that leave sampling out get, given the model's generation config."""

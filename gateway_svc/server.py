@@ -93,9 +93,10 @@ async def _serve(config: GatewayServiceConfig) -> None:
                        settings.allowed_headers, settings.allow_credentials)  # fmt: skip
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, shutdown_timeout=DRAIN_SECONDS)
+    site = web.TCPSite(runner, settings.host, settings.port, shutdown_timeout=DRAIN_SECONDS,
+                       ssl_context=settings.ssl_context())  # fmt: skip
     await site.start()
-    log.info("gateway listening on http://%s:%d", settings.host, settings.port)
+    log.info("gateway listening on %s://%s:%d", settings.scheme, settings.host, settings.port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

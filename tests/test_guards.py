@@ -233,6 +233,38 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
         assert healthy(server.url)  # and still serving
 
 
+def test_the_api_answers_over_https_with_the_certificate_it_is_given(tmp_path: Path) -> None:
+    """vLLM's --ssl-certfile and --ssl-keyfile: a client that trusts the certificate's CA gets
+    its answers; one that does not, or that speaks plain HTTP, gets none."""
+    import ssl
+
+    import trustme
+
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+    issued.private_key_pem.write_to_path(tmp_path / "key.pem")
+    tls = ["--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")]
+    with launched_server("--num-blocks", "64", *tls) as server:
+        assert server.url.startswith("https://")
+        trusting = ssl.create_default_context()
+        authority.configure_trust(trusting)
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0,
+                               http_client=openai.DefaultHttpxClient(verify=trusting))  # fmt: skip
+        answer = client.completions.create(
+            model=MODEL, prompt="Secure?", max_tokens=3, extra_body=NO_EOS
+        )
+        assert answer.usage.completion_tokens == 3
+        stranger = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIConnectionError):  # the certificate is not trusted
+            stranger.models.list()
+        plain = openai.OpenAI(
+            base_url=server.url.replace("https:", "http:") + "/v1", api_key="x", max_retries=0
+        )
+        with pytest.raises(openai.APIConnectionError):
+            plain.models.list()
+
+
 def test_curve_keys_encrypt_the_links_and_shut_out_peers_without_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

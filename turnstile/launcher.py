@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -167,6 +168,7 @@ def serve(config: ServeConfig) -> None:
         lora_adapters(config.lora, info)  # each one checked
         gateway = config.gateway
         check_parsers(info, gateway.tool_call_parser, gateway.reasoning_parser)
+        gateway.ssl_context()  # its files readable and fitting
         parser = gateway.reasoning_parser if not info.chat_format else None
         if parser or config.engine.tokenizer is not None:  # a vocabulary the model embeds
             tokenizer = served_tokenizer(config.engine, info)
@@ -179,7 +181,7 @@ def serve(config: ServeConfig) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="turnstile-"))
     (run_dir / "metrics").mkdir()
     os.environ[SHARED_DIR_VARIABLE] = str(run_dir / "metrics")  # the children inherit it
-    url = f"http://{config.gateway.host}:{config.gateway.port}"
+    url = f"{config.gateway.scheme}://{config.gateway.host}:{config.gateway.port}"
     try:
         code = supervise(stack(config, run_dir), url, config.launch.ready_timeout)
     finally:
@@ -268,8 +270,12 @@ def _stop(children: list[BaseProcess]) -> None:
 
 
 def healthy(url: str) -> bool:
+    context = None
+    if url.startswith("https:"):  # our own server: its certificate may name another host
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+        with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as response:
             return response.status == 200
     except OSError:
         return False

@@ -89,6 +89,9 @@ class GatewayConfig:
     enable_log_requests: bool = setting(
         False, "log a line each request as it ends: id, endpoint, status, tokens, seconds (as vLLM)"
     )
+    enable_prompt_tokens_details: bool = setting(
+        False, "accepted as vLLM's command lines pass it: usage always gives prompt_tokens_details"
+    )
     return_tokens_as_token_ids: bool = setting(
         False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
     )

@@ -1,8 +1,9 @@
 """vLLM's serve flags where a deployment passes them: `--scheduling-policy` (our `--policy`),
-`--default-chat-template-kwargs`, `--enable-force-include-usage`, `--max-logprobs`,
-`--override-generation-config` (the sampling itself: test_choices_and_endpoints.py), and a tool
-request decoded keeping special tokens as vLLM's hermes parser has it, on a running stack
-through the official client; what the flags do not take is refused at start by name."""
+`--default-chat-template-kwargs`, `--enable-force-include-usage` (with
+`--enable-prompt-tokens-details`), `--max-logprobs`, `--override-generation-config` (the sampling
+itself: test_choices_and_endpoints.py), `--tokenizer`, and a tool request decoded keeping special
+tokens as vLLM's hermes parser has it, on a running stack through the official client; what the
+flags do not take is refused at start by name."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
              "--default-chat-template-kwargs", json.dumps({"greeting": "Ahoy"}),
              "--enable-force-include-usage", "--num-blocks", "128",
              "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-             "--max-logprobs", "30", "--trust-remote-code", "--enable-chunked-prefill"]  # fmt: skip
+             "--max-logprobs", "30", "--trust-remote-code", "--enable-chunked-prefill",
+             "--enable-prompt-tokens-details"]  # fmt: skip
     with launched_server(*flags) as running:
         yield running
 
@@ -59,6 +61,8 @@ def test_the_default_chat_template_kwargs_render_unless_a_request_gives_its_own(
 def test_every_stream_ends_with_its_usage(client: openai.OpenAI) -> None:
     chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    # --enable-prompt-tokens-details: what a usage always gives here
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_a_tool_request_keeps_special_tokens_as_vllms_hermes_parser_has_it(

@@ -55,6 +55,7 @@ from turnstile.gateway_svc.tool_calls import (
     keeps_special_tokens,
     tool_mode,
 )
+from turnstile.shared.metric_names import as_vllms
 from turnstile.shared.metrics_server import every_service_metrics
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -77,8 +78,10 @@ class Gateway:
         force_usage: bool = False,
         max_logprobs: int = 20,
         harmony_reasoning: bool = False,
+        vllm_metrics: bool = False,
     ) -> None:
         self.engine = engine
+        self.vllm_metrics = vllm_metrics  # /metrics under vLLM's names (--metrics-names vllm)
         # gpt-oss's answers read as harmony: whether their reasoning is shown; None: not harmony
         self.harmony = harmony_reasoning if tokenizer.info.chat_format == "harmony" else None
         self.max_logprobs = max_logprobs  # --max-logprobs, the vocabulary's size for -1
@@ -140,7 +143,10 @@ class Gateway:
     async def metrics(self, _: web.Request) -> web.Response:
         """Every service's series under `turnstile serve` (one scrape target per replica, as
         vLLM's API port), else the gateway's own."""
-        response = web.Response(body=every_service_metrics())
+        body = every_service_metrics()
+        if self.vllm_metrics:
+            body = as_vllms(body, self.served.base)
+        response = web.Response(body=body)
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return response
 

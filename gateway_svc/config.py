@@ -95,6 +95,11 @@ class GatewayConfig:
     return_tokens_as_token_ids: bool = setting(
         False, "logprobs name tokens 'token_id:N' unless a request says otherwise (as vLLM)"
     )
+    metrics_names: Literal["turnstile", "vllm"] = setting(
+        "turnstile",
+        "how /metrics names its series: turnstile:..., or vllm:... with vLLM's model_name and "
+        "engine labels, for dashboards, autoscalers and routers written for vLLM",
+    )
     ssl_certfile: str | None = setting(None, "a PEM certificate (chain): answer over HTTPS")
     ssl_keyfile: str | None = setting(None, "its private key, if not in the certificate's file")
     ssl_ca_certs: str | None = setting(None, "CA certificates a client's certificate is checked by")

@@ -81,6 +81,7 @@ async def _serve(config: GatewayServiceConfig) -> None:
         settings.enable_force_include_usage,
         info.vocab_size if config.engine.max_logprobs < 0 else config.engine.max_logprobs,
         parser == "openai_gptoss",
+        settings.metrics_names == "vllm",
     )
     # handler_cancellation: a client that goes away cancels its handler, which aborts the
     # request and frees its KV blocks.

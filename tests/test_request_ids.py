@@ -4,7 +4,7 @@ API's `request_id` is the response's id as given); the id comes back as the `X-R
 header, streamed or whole; `--enable-log-requests` logs a line as each ends, under its id. And
 `--return-tokens-as-token-ids`, vLLM's server default for the request field: this module's
 stack runs with both. The scheduler's periodic stats line, as vLLM's (its absence under
-`--disable-log-stats`: test_router.py)."""
+`--disable-log-stats`: test_router.py), and /metrics under vLLM's names."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 @pytest.fixture(scope="module")
 def service(stack_log: Path) -> Iterator[Server]:
     flags = ("--num-blocks", "256", "--return-tokens-as-token-ids", "--enable-log-requests",
-             "--log-stats-interval", "0.5")  # fmt: skip
+             "--log-stats-interval", "0.5", "--metrics-names", "vllm")  # fmt: skip
     with logged_stack(stack_log, *flags) as running:
         yield running
 
@@ -152,3 +152,27 @@ def test_the_scheduler_logs_vllms_stats_line_while_it_works(
             break
         time.sleep(0.1)
     assert any(rate > 0 for rate in rates), "no stats line counted the 64 tokens"
+
+
+def test_metrics_under_vllms_names_read_as_vllms_dashboards_query_them(
+    client: openai.OpenAI, service: Server
+) -> None:
+    """--metrics-names vllm: every series vllm:..., labelled with the model's name and engine 0
+    as vLLM's, in a text Prometheus's own parser reads; a request is counted under them."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(**GREEDY, prompt="Count me")
+    time.sleep(0.6)  # the scheduler's series are written every half second
+    with urllib.request.urlopen(f"{service.url}/metrics") as response:
+        text = response.read().decode()
+    assert "turnstile:" not in text
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prompt_tokens_total", "generation_tokens_total", "request_success_total",
+                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+                 "inter_token_latency_seconds_count"):  # fmt: skip
+        labels = samples[f"vllm:{name}"].labels
+        assert labels["model_name"] == MODEL and labels["engine"] == "0", name
+    assert samples["vllm:generation_tokens_total"].value >= 4

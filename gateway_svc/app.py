@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from turnstile.gateway_svc import metrics, responses_output
+from turnstile.gateway_svc import messages_output, metrics, responses_output
 from turnstile.gateway_svc.beam_search import beam_search_of
 from turnstile.gateway_svc.completions_output import answer_stream, answer_whole
 from turnstile.gateway_svc.embeddings import Embeddings
@@ -20,6 +20,8 @@ from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation
 from turnstile.gateway_svc.harmony import counter_of, readers_of
+from turnstile.gateway_svc.messages_api import MessagesRequest
+from turnstile.gateway_svc.messages_output import MessageObject
 from turnstile.gateway_svc.middlewares import openai_errors, required_key
 from turnstile.gateway_svc.openai_api import (
     Request,
@@ -34,7 +36,7 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
-from turnstile.gateway_svc.reasoning import ThinkTokens, answer_thinks
+from turnstile.gateway_svc.reasoning import ReasoningReaders, ThinkTokens, answer_thinks
 from turnstile.gateway_svc.request_ids import REQUEST_ID, answer_id, answered, request_id_header
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
@@ -50,6 +52,7 @@ from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.gateway_svc.structured_output import grammar_of
 from turnstile.gateway_svc.token_endpoints import TokenEndpoints
 from turnstile.gateway_svc.tool_calls import (
+    CallReader,
     CallReaders,
     forced_call,
     keeps_special_tokens,
@@ -108,6 +111,7 @@ class Gateway:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
         embeddings = Embeddings(
             self.engine, self.tokenizer, self.max_model_len, self.served, self._tokenizing,
             self.log_requests,
@@ -124,6 +128,7 @@ class Gateway:
         )
         app.router.add_post("/tokenize", tokens.tokenize)
         app.router.add_post("/detokenize", tokens.detokenize)
+        app.router.add_post("/v1/messages/count_tokens", tokens.count_message_tokens)
         app.router.add_get("/version", tokens.version)
         for path in ("/server_info", "/get_server_info"):  # SGLang's name, and its older one
             app.router.add_get(path, tokens.server_info)
@@ -165,19 +170,35 @@ class Gateway:
         turn = asked.turn(self.stored.history(asked))
         chat = asked.as_chat(turn)
         generation = await self._start(chat, arrival)
-        if generation.tool_mode is not None:
-            shape.calls = CallReaders(generation.tool_mode, self.tool_parser, chat)[0]
-        calls = generation.tool_mode is not None
-        shape.reasoning = readers_of(chat, generation.thinking, calls, self.harmony)
+        shape.calls, shape.reasoning = self._readers(chat, generation)
         shape.stored = self.stored.keeps(asked)
-        if asked.stream:
-            answer = responses_output.answer_stream(http, shape, generation)
-        else:
-            answer = responses_output.answer_whole(shape, generation)
+        output = responses_output.answer_stream if asked.stream else responses_output.answer_whole
+        answer = output(http, shape, generation)
         response = await self._answered(http, "responses", arrival, generation, answer)
         if shape.stored and shape.final is not None:
             self.stored.keep(shape.final, turn)
         return response
+
+    async def messages(self, http: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API, run as a chat (`messages_api.py`, `messages_output.py`)."""
+        arrival = time.perf_counter()
+        asked = parse_body(await http.read(), MessagesRequest)
+        shape = MessageObject(self.served.reported(asked.model))
+        http[REQUEST_ID] = shape.id
+        chat = asked.as_chat()
+        generation = await self._start(chat, arrival)
+        shape.calls, shape.reasoning = self._readers(chat, generation)
+        output = messages_output.answer_stream if asked.stream else messages_output.answer_whole
+        answer = output(http, shape, generation)
+        return await self._answered(http, "messages", arrival, generation, answer)
+
+    def _readers(
+        self, chat: ChatCompletionRequest, generation: Generation
+    ) -> tuple[CallReader | None, ReasoningReaders | None]:
+        """The first choice's readers of tool calls (with tools) and of thinking."""
+        calls = generation.tool_mode is not None
+        reader = CallReaders(generation.tool_mode, self.tool_parser, chat)[0] if calls else None
+        return reader, readers_of(chat, generation.thinking, calls, self.harmony)
 
     async def stored_response(self, http: web.Request) -> web.Response:
         return web.json_response(self.stored.body(http.match_info["response_id"]))

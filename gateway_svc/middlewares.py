@@ -1,10 +1,11 @@
 """What every HTTP request passes through: a browser's cross-origin checks (CORS), the API key's
-check, and errors as OpenAI bodies."""
+check, and errors as OpenAI's bodies (Anthropic's on its Messages API)."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp_cors
 from aiohttp import web
@@ -20,13 +21,19 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        return web.json_response(_body(request, exc), status=exc.status, headers=exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
         error = ApiError(exc.status, exc.reason, kind)
-        return web.json_response(error.body(), status=exc.status)
+        return web.json_response(_body(request, error), status=exc.status)
+
+
+def _body(request: web.Request, error: ApiError) -> dict[str, Any]:
+    if request.path.startswith("/v1/messages"):  # Anthropic's API, its errors' shape
+        return {"type": "error", "error": {"type": error.kind, "message": error.message}}
+    return error.body()
 
 
 def required_key(api_key: str | None) -> Middleware:

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from turnstile.gateway_svc.embeddings import EmbeddingRequest
+from turnstile.gateway_svc.messages_api import MessagesCount, MessagesRequest
 from turnstile.gateway_svc.request_types import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -84,8 +85,9 @@ def _stored() -> dict[str, Any]:
 
 
 def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
-    requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest,
-                TokenizeCompletion, TokenizeChat, Detokenize]  # fmt: skip
+    requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, MessagesRequest,
+                MessagesCount, EmbeddingRequest, TokenizeCompletion, TokenizeChat,
+                Detokenize]  # fmt: skip
     _, schemas = msgspec.json.schema_components(
         requests, ref_template="#/components/schemas/{name}"
     )
@@ -97,7 +99,8 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
         # Prompt and completion share the context: more than it holds is always refused.
         for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if name in properties:
-                properties[name]["anyOf"][0]["maximum"] = max_model_len - 1
+                count = properties[name].get("anyOf", [properties[name]])[0]
+                count["maximum"] = max_model_len - 1
     answer = "a completion, or a stream of Server-Sent Events"
     return {
         "openapi": "3.1.0",
@@ -112,6 +115,15 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
                 True,
             ),
             "/v1/responses/{response_id}": _stored(),
+            "/v1/messages": _post(
+                ["MessagesRequest"],
+                "Answer messages (Anthropic's API)",
+                "a message, or a stream of its events",
+                True,
+            ),
+            "/v1/messages/count_tokens": _post(
+                ["MessagesCount"], "Count a message request's input tokens", "input_tokens"
+            ),
             "/v1/embeddings": _post(
                 ["EmbeddingRequest"], "Embed inputs", "an embedding of each input"
             ),

@@ -12,8 +12,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from turnstile.gateway_svc.answer_parts import streamed_parts, whole_answer, write_parts
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.generation import SSE_HEADERS, Generation
+from turnstile.gateway_svc.generation import Generation
 from turnstile.gateway_svc.reasoning import ReasoningReaders
 from turnstile.gateway_svc.responses_api import ResponsesRequest
 from turnstile.gateway_svc.tool_calls import Call, CallReader
@@ -95,23 +96,17 @@ def _status(finish: str) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
-async def answer_whole(shape: ResponseObject, generation: Generation) -> web.Response:
-    texts, finish = [], "stop"
-    async for piece in generation.pieces():
-        texts.append(piece.text)
-        finish = piece.finish_reason or finish
-    text, calls, reasoning = "".join(texts), [], None
-    if shape.reasoning is not None:
-        reasoning, text = shape.reasoning.whole(0, text)
+async def answer_whole(
+    _: web.Request, shape: ResponseObject, generation: Generation
+) -> web.Response:
+    reasoning, text, calls, finish = await whole_answer(generation, shape.reasoning, shape.calls)
     if reasoning:
         shape.output.append(shape.item("reasoning", f"rs_{uuid.uuid4().hex}", reasoning,
                                        "completed"))  # fmt: skip
-    if shape.calls is not None:
-        text, calls, _ = shape.calls.whole(text, finish)
     if text or not calls:  # an answer without calls is a message, even an empty one
         shape.output.append(shape.item("message", f"msg_{uuid.uuid4().hex}", text, "completed"))
     shape.output += [shape.function_call(call) for call in calls]
-    shape.final = shape.body(_status(finish), generation.usage())
+    shape.final = shape.body(_status(finish or "stop"), generation.usage())
     return web.Response(body=msgspec.json.encode(shape.final), content_type="application/json")
 
 
@@ -180,29 +175,13 @@ class _Events:
 async def answer_stream(
     http: web.Request, shape: ResponseObject, generation: Generation
 ) -> web.StreamResponse:
-    pieces = generation.pieces()
-    piece = await anext(pieces)  # a refused request still gets its HTTP status
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(http)
-    events, finish = _Events(response, shape), "stop"
+    response, parts = await streamed_parts(http, generation, shape.reasoning, shape.calls)
+    events = _Events(response, shape)
     started = shape.body("in_progress", None)
     await events.write("response.created", response=started)
     await events.write("response.in_progress", response=started)
     try:
-        while piece is not None:
-            finish = piece.finish_reason or finish
-            text, calls, reasoning = piece.text, [], ""
-            if shape.reasoning is not None:
-                reasoning, text = shape.reasoning.step(0, text, piece.finish_reason is not None)
-            if reasoning:
-                await events.text(reasoning, "reasoning")
-            if shape.calls is not None:
-                text, calls, _ = shape.calls.step(text, piece.finish_reason)
-            if text:
-                await events.text(text)
-            for call in calls:
-                await events.call(call)
-            piece = await anext(pieces, None)
+        finish, _ = await write_parts(parts, events, "reasoning")
     except ApiError as exc:
         error = exc.body()["error"]
         await events.write("error", code=error["code"], message=error["message"],

@@ -22,6 +22,7 @@ class TextStream:
         self.text = ""  # everything decoded so far, stop string excluded once found
         self.emitted = 0  # characters of `text` already handed out
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
         self._prefix_offset = 0
         self._read_offset = 0
         self._hold = max((len(s) for s in stop_strings), default=1) - 1
@@ -49,12 +50,13 @@ class TextStream:
         if self.stop_strings and not self.stopped:
             window = max(self.emitted - self._hold, 0)
             found = [
-                (i, i + len(s) if self.include_stop_str else i)
+                (i, i + len(s) if self.include_stop_str else i, s)
                 for s in self.stop_strings
                 if (i := self.text.find(s, window)) >= 0
             ]
             if found:
-                self.text = self.text[: min(found)[1]]
+                _, end, self.matched = min(found)
+                self.text = self.text[:end]
                 self.stopped = True
         end = len(self.text) if final or self.stopped else len(self.text) - self._hold
         if end <= self.emitted:

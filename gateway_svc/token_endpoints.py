@@ -1,5 +1,6 @@
-"""vLLM's `/tokenize`, `/detokenize` and `/version`, shaped as vLLM answers them, and SGLang's
-`/server_info`, where sglang-router reads the model's name to route by it."""
+"""vLLM's `/tokenize`, `/detokenize` and `/version`, shaped as vLLM answers them, Anthropic's
+`/v1/messages/count_tokens`, and SGLang's `/server_info`, where sglang-router reads the model's
+name to route by it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from importlib.metadata import version
 from aiohttp import web
 
 from turnstile.gateway_svc.errors import ApiError
+from turnstile.gateway_svc.messages_api import MessagesCount
 from turnstile.gateway_svc.openai_api import chat_text, parse_body
 from turnstile.gateway_svc.token_requests import Detokenize, TokenizeChat, TokenizeCompletion
 from turnstile.shared.tokenizer import Tokenizer
@@ -48,6 +50,13 @@ class TokenEndpoints:
                 400, f"token ids must lie in [0, {self.tokenizer.vocab_size})", param="tokens"
             )
         return web.json_response({"prompt": self.tokenizer.decode(request.tokens)})
+
+    async def count_message_tokens(self, http: web.Request) -> web.Response:
+        """Anthropic's /v1/messages/count_tokens: the tokens the request's input would take."""
+        request = parse_body(await http.read(), MessagesCount)
+        self.check_model(request.model)
+        ids = self.tokenizer.encode(chat_text(request.as_chat(), self.tokenizer))
+        return web.json_response({"input_tokens": len(ids)})
 
     async def version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": version("turnstile")})

@@ -2,9 +2,9 @@
 on a tiny random model whose vocabulary has <think> and </think> (`random_llama.thinker`) and a
 template that opens the thinking, as DeepSeek-R1's: the answer's thinking
 comes as `reasoning` (and `reasoning_content`), whole or streamed, its tokens counted; a grammar
-constrains only what follows </think>; the Responses API gives a reasoning item; a vocabulary
-without the markers is refused at start. Sampled with a bias towards </think>, so that it comes
-within a few tokens."""
+constrains only what follows </think>; the Responses API gives a reasoning item, the Messages
+API a thinking block; a vocabulary without the markers is refused at start. Sampled with a bias
+towards </think>, so that it comes within a few tokens."""
 
 from __future__ import annotations
 
@@ -182,6 +182,26 @@ def test_the_responses_api_gives_a_reasoning_item(client: openai.OpenAI) -> None
         model="thinker", input="w4", previous_response_id=response.id, max_output_tokens=2
     )
     assert again.usage.input_tokens > response.usage.input_tokens + response.usage.output_tokens
+
+
+def test_the_messages_api_gives_a_thinking_block(server: Server, client: openai.OpenAI) -> None:
+    """Anthropic's API, greedy as above: the thinking first, whole and streamed alike."""
+    import anthropic
+
+    whole = chat(client, temperature=0, logit_bias=None).choices[0].message
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    args: dict[str, Any] = dict(model="thinker", max_tokens=40, messages=MESSAGES,
+                                extra_body={"temperature": 0})  # fmt: skip
+    message = claude.messages.create(**args)
+    kinds = ["thinking", "text"] if whole.content else ["thinking"]  # max_tokens while thinking
+    assert [block.type for block in message.content] == kinds
+    assert message.content[0].thinking == whole.model_extra["reasoning"] != ""
+    assert "".join(getattr(b, "text", "") for b in message.content) == (whole.content or "")
+    with claude.messages.stream(**args) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None)) for b in streamed.content] == [
+        (b.type, getattr(b, "thinking", None)) for b in message.content
+    ]
 
 
 @pytest.mark.parametrize("parser", ["qwen3", "glm45"])

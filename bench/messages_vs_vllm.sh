@@ -8,13 +8,17 @@
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d)
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=2
-"$P"/vllm/bin/vllm serve "$P"/smollm2-hf --host 127.0.0.1 --port 8100 --dtype float32 \
-  --max-model-len 2048 --served-model-name smollm2 > "$out"/vllm.log 2>&1 & v_pid=$!
+"$P"/bin/vllm serve "$P"/smollm2-hf --host 127.0.0.1 --port 8100 --dtype float32 \
+  --max-model-len 2048 --served-model-name smollm2 --enable-auto-tool-choice \
+  --tool-call-parser hermes > "$out"/vllm.log 2>&1 & v_pid=$!
 .venv/bin/turnstile serve --model "$P"/smollm2-hf --dtype float32 --port 8000 \
-  --served-model-name smollm2 > "$out"/turnstile.log 2>&1 & t_pid=$!
+  --served-model-name smollm2 --enable-auto-tool-choice --tool-call-parser hermes \
+  > "$out"/turnstile.log 2>&1 & t_pid=$!
 trap 'kill $v_pid $t_pid 2>/dev/null; wait 2>/dev/null' EXIT
-for port in 8000 8100; do
-  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+for port in 8000 8100; do  # each ready, or the script stops with its log
+  until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
+    kill -0 $v_pid $t_pid || { tail -20 "$out"/*.log; exit 1; }; sleep 1
+  done
 done
 .venv/bin/python - <<'PY'
 import json
@@ -47,11 +51,17 @@ def ask_server(port):
     found = {}
     for name, args in cases.items():
         args = dict(model="smollm2", extra_body={"temperature": 0}, **args)
-        found[name] = reading(client.messages.create(**args))
-        with client.messages.stream(**args) as stream:
-            kinds = [event.type for event in stream]
-            found[name + ", streamed"] = reading(stream.get_final_message(),
-                                                 sorted(set(kinds) - {"text", "input_json"}))
+        try:
+            found[name] = reading(client.messages.create(**args))
+        except (anthropic.APIError, ValueError) as error:  # a failure is its reading
+            found[name] = f"error: {error}"
+        try:
+            with client.messages.stream(**args) as stream:
+                kinds = [event.type for event in stream]
+                found[name + ", streamed"] = reading(stream.get_final_message(),
+                                                     sorted(set(kinds) - {"text", "input_json"}))
+        except (anthropic.APIError, ValueError) as error:
+            found[name + ", streamed"] = f"error: {error}"
     return found
 
 ours, theirs = ask_server(8000), ask_server(8100)

@@ -151,11 +151,12 @@ def _call(block: dict[str, Any], where: str) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
 
 
-def _text(blocks: str | list[dict[str, Any]] | Any, where: str) -> str:
-    """A string, or text blocks' text joined."""
+def _text(blocks: Any, where: str) -> str:
+    """A string, or text blocks' text joined; anything else refused."""
     if isinstance(blocks, str):
         return blocks
-    texts = [b.get("text") for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
-    if not blocks or len(texts) != len(blocks) or not all(isinstance(t, str) for t in texts):
+    listed = blocks if isinstance(blocks, list) else []
+    texts = [b.get("text") for b in listed if isinstance(b, dict) and b.get("type") == "text"]
+    if not listed or len(texts) != len(listed) or not all(isinstance(t, str) for t in texts):
         raise ApiError(400, f"{where}: must be a string or text blocks", param=where)
     return "".join(texts)

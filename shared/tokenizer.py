@@ -17,7 +17,7 @@ import jinja2.sandbox
 import tokenizers
 
 from turnstile.shared.config import EngineConfig
-from turnstile.shared.derived_files import derived_path, write_atomically
+from turnstile.shared.derived_files import derived_path, write_derived
 from turnstile.shared.gguf_header import read_header
 from turnstile.shared.model_info import ModelInfo, folder_chat_template
 
@@ -25,10 +25,10 @@ from turnstile.shared.model_info import ModelInfo, folder_chat_template
 def _load_backend(model: Path) -> tokenizers.Tokenizer:
     if model.suffix != ".gguf":
         return tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
-    cached = derived_path(model, "tokenizer.json")
+    cached = derived_path(model, "tokenizer.json", (__file__,))  # a newer reading not hidden
     if not cached.exists():
         text = _converted(model).to_str()
-        write_atomically(cached, text.encode())
+        write_derived(cached, text.encode())
         return tokenizers.Tokenizer.from_str(text)
     return tokenizers.Tokenizer.from_file(str(cached))
 

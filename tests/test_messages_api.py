@@ -106,6 +106,9 @@ def test_a_forced_tool_is_a_tool_use_block_and_its_result_goes_back(
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
          "image block is not supported"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": 5}]}]},
+         "content[0].content: must be a string or text blocks"),
         ({"temperature": 1.5}, "temperature"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "needs its name"),
     ],

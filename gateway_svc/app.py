@@ -120,7 +120,8 @@ class Gateway:
         app.router.add_get("/v1/responses/{response_id}", self.stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self.delete_response)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
+        for path in ("/health", "/ping"):  # /ping: SageMaker's probe, as vLLM serves it
+            app.router.add_get(path, self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
         tokens = TokenEndpoints(

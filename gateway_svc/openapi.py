@@ -139,6 +139,7 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
                 "The served model's name", "served_model_name, max_model_len, version"
             ),
             "/health": _get("Ready to serve?", "ready", 503),
+            "/ping": _get("Ready to serve? (SageMaker's probe, as vLLM's)", "ready", 503),
         },
         "components": {"schemas": {**schemas, "Error": _ERROR}},
     }

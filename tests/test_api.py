@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -30,13 +31,14 @@ QUESTIONS = [
 
 def test_models_and_health(service: Server, client: openai.OpenAI) -> None:
     assert [model.id for model in client.models.list().data] == [MODEL]
+    for probe in ("health", "ping"):  # /ping: SageMaker's, as vLLM's
+        with urllib.request.urlopen(f"{service.url}/{probe}") as answer:
+            assert answer.status == 200
 
 
 def test_a_page_from_any_origin_may_call_the_api_by_default(service: Server) -> None:
     """vLLM's default --allowed-origins '["*"]': a browser's preflight from anywhere is
     answered, and a streamed answer names the page's origin."""
-    import urllib.request
-
     url = f"{service.url}/v1/chat/completions"
     origin = {"Origin": "http://localhost:3000"}
     preflight = urllib.request.Request(url, method="OPTIONS", headers={

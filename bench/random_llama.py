@@ -2,7 +2,8 @@
 parameters) and a word-level tokenizer, for tensor-parallel figures:
     .venv/bin/python -m turnstile.bench.random_llama DIR
 a tiny one with <think> and </think> tokens for reasoning parsers (`thinker`), and a tiny Qwen3
-laid out as Qwen3-Embedding is (`embedder`); a random LoRA adapter for any model (`lora`)."""
+laid out as Qwen3-Embedding is (`embedder`), a tiny Qwen3 sequence classifier (`classifier`); a
+random LoRA adapter for any model (`lora`)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,17 @@ FOR_TWO_RANKS = dict(
 )  # fmt: skip
 
 
-def write(folder: Path, family: str = "Llama", **shape: object) -> Path:
-    """A random model of `family` (as transformers names its classes: Llama, Mixtral...) and
-    `shape` (its config's fields; FOR_TWO_RANKS by default) in `folder`, with a tokenizer whose
-    words are w0, w1, ..."""
+def write(folder: Path, family: str = "Llama", head: str = "ForCausalLM", **shape: object) -> Path:
+    """A random model of `family` (as transformers names its classes: Llama, Mixtral...) with
+    `head` and `shape` (its config's fields; FOR_TWO_RANKS by default) in `folder`, with a
+    tokenizer whose words are w0, w1, ..."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     config = getattr(transformers, f"{family}Config")(**(shape or FOR_TWO_RANKS))
-    getattr(transformers, f"{family}ForCausalLM")(config).save_pretrained(folder)
+    getattr(transformers, f"{family}{head}")(config).save_pretrained(folder)
     words = {f"w{i}": i for i in range(config.vocab_size)}
     (folder / "tokenizer.json").write_text(json.dumps({
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
@@ -101,6 +102,30 @@ def embedder(folder: Path) -> Path:
     tokenizer["post_processor"] = {
         "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
         {"SpecialToken": {"id": "w2", "type_id": 0}}], "pair": [],
+        "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
+    }  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
+    }))  # fmt: skip
+    return folder
+
+
+def classifier(folder: Path, labels: tuple[str, ...] = ("relevant",)) -> Path:
+    """A tiny random Qwen3ForSequenceClassification (2 layers, hidden size 128) of `labels`,
+    whose tokenizer closes a text with w2 and a pair's texts each with w2, as a cross-encoder's
+    separates them."""
+    id2label = dict(enumerate(labels))
+    write(
+        folder, "Qwen3", "ForSequenceClassification", vocab_size=512, hidden_size=128,
+        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=512, initializer_range=0.2, id2label=id2label,
+    )  # fmt: skip
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    a, b = ({"Sequence": {"id": side, "type_id": 0}} for side in ("A", "B"))
+    end = {"SpecialToken": {"id": "w2", "type_id": 0}}
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing", "single": [a, end], "pair": [a, end, b, end],
         "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
     }  # fmt: skip
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))

@@ -175,7 +175,7 @@ class ModelRunner:
         last = hidden[step.logits_indices]
         logits = self.model.logits(last)
         embed_rows = step.sampling.device.get("embed_rows")
-        vectors = None if embed_rows is None else last[embed_rows].float()
+        vectors = None if embed_rows is None else self.model.pooled(last[embed_rows])
         mask = None if constrained is None else self.grammars.bitmask(constrained, drafts)
         if mask is not None:  # computed on the host while the device computes the logits
             rows, words = mask

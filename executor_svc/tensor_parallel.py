@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,15 @@ class TensorParallel:
     def vocab(self, vocab_size: int) -> slice:
         width = -(-vocab_size // self.size)
         return slice(self.rank * width, (self.rank + 1) * width)
+
+    def padded_vocab(self, weight: Any, vocab_size: int) -> Any:
+        """This rank's rows of a vocabulary-sized weight, padded with zero rows to the common
+        width; a quantized weight as it is (those are not split across ranks)."""
+        share = self.vocab(vocab_size)
+        width = share.stop - share.start
+        if not isinstance(weight, torch.Tensor) or weight.shape[0] == width:
+            return weight
+        return torch.cat((weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])))
 
     def intermediate(self, size: int) -> slice:
         width = size // self.size

@@ -14,8 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnstile.gateway_svc import messages_output, metrics, responses_output
 from turnstile.gateway_svc.beam_search import beam_search_of
+from turnstile.gateway_svc.classify import refuse_if_classifier
 from turnstile.gateway_svc.completions_output import answer_stream, answer_whole
-from turnstile.gateway_svc.embeddings import Embeddings
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.generation import Choice, Generation
@@ -36,6 +36,8 @@ from turnstile.gateway_svc.openai_api import (
     truncated,
 )
 from turnstile.gateway_svc.openapi import openapi_document
+from turnstile.gateway_svc.pooled_requests import PooledRequests
+from turnstile.gateway_svc.pooling_routes import pooling_routes
 from turnstile.gateway_svc.reasoning import ReasoningReaders, ThinkTokens, answer_thinks
 from turnstile.gateway_svc.request_ids import REQUEST_ID, answer_id, answered, request_id_header
 from turnstile.gateway_svc.request_types import (
@@ -112,11 +114,10 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/messages", self.messages)
-        embeddings = Embeddings(
-            self.engine, self.tokenizer, self.max_model_len, self.served, self._tokenizing,
-            self.log_requests,
-        )  # fmt: skip
-        app.router.add_post("/v1/embeddings", embeddings.create)
+        pooled = PooledRequests(self.engine, self.tokenizer, self.max_model_len, self.served,
+                                self._tokenizing, self.log_requests)  # fmt: skip
+        for path, handler in pooling_routes(pooled):
+            app.router.add_post(path, handler)
         app.router.add_get("/v1/responses/{response_id}", self.stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self.delete_response)
         app.router.add_get("/v1/models", self.models)
@@ -127,12 +128,8 @@ class Gateway:
         tokens = TokenEndpoints(
             self.tokenizer, self.max_model_len, self.served.lora, self.served.base
         )
-        app.router.add_post("/tokenize", tokens.tokenize)
-        app.router.add_post("/detokenize", tokens.detokenize)
-        app.router.add_post("/v1/messages/count_tokens", tokens.count_message_tokens)
-        app.router.add_get("/version", tokens.version)
-        for path in ("/server_info", "/get_server_info"):  # SGLang's name, and its older one
-            app.router.add_get(path, tokens.server_info)
+        for method, path, handler in tokens.routes():
+            app.router.add_route(method, path, handler)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
@@ -249,6 +246,7 @@ class Gateway:
 
     async def _start(self, request: Request, arrival: float) -> Generation:
         """The request checked, tokenized and sent to the scheduler as its choices."""
+        refuse_if_classifier(self.tokenizer.info, self.served.base)
         await self.served.find(request.model)
         lora = self.served.lora(request.model)
         chat = isinstance(request, ChatCompletionRequest)

@@ -4,7 +4,7 @@ name to route by it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib.metadata import version
 
 from aiohttp import web
@@ -28,6 +28,15 @@ class TokenEndpoints:
         self.served_name = served_name
         self.max_model_len = max_model_len
         self.check_model = check_model
+
+    def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]]:
+        """Each endpoint's method, path and handler (/server_info: SGLang's, and its older name)."""
+        return [
+            ("POST", "/tokenize", self.tokenize), ("POST", "/detokenize", self.detokenize),
+            ("POST", "/v1/messages/count_tokens", self.count_message_tokens),
+            ("GET", "/version", self.version), ("GET", "/server_info", self.server_info),
+            ("GET", "/get_server_info", self.server_info),
+        ]  # fmt: skip
 
     async def tokenize(self, http: web.Request) -> web.Response:
         body = await http.read()

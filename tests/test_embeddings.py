@@ -81,6 +81,23 @@ def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.Op
     np.testing.assert_allclose(vectors(again)[0], expected[1], atol=2e-5)
 
 
+def test_scores_are_the_embeddings_cosines(model: Path, server: Server) -> None:
+    """A bi-encoder's /score and /rerank, as vLLM's for an embedding model: each text embedded
+    alone (the query once), a pair scored by its vectors' cosine; no /classify."""
+    expected = reference(model, [token_ids(model, text) for text in TEXTS])
+    cosines = expected[1:] @ expected[0]
+    body = {"model": "embedder", "text_1": TEXTS[0], "text_2": TEXTS[1:]}
+    score = requests.post(f"{server.url}/score", json=body, timeout=60).json()
+    np.testing.assert_allclose([item["score"] for item in score["data"]], cosines, atol=2e-5)
+    tokens = sum(len(token_ids(model, text)) for text in TEXTS)
+    assert score["usage"]["prompt_tokens"] == tokens
+    body = {"model": "embedder", "query": TEXTS[0], "documents": TEXTS[1:]}
+    rerank = requests.post(f"{server.url}/v1/rerank", json=body, timeout=60).json()
+    assert [result["index"] for result in rerank["results"]] == list(np.argsort(-cosines))
+    refused = requests.post(f"{server.url}/classify", json={"input": "w5"}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+
+
 def test_matryoshka_dimensions_and_base64(model: Path, embedder: openai.OpenAI) -> None:
     expected = reference(model, [token_ids(model, TEXTS[0])], width=32)[0]
     cut = embedder.embeddings.create(model="embedder", input=TEXTS[0], dimensions=32)

@@ -1,10 +1,9 @@
 """A Llama-family decoder over a paged KV cache: Llama 3, SmolLM, Mistral (sliding window), Qwen2
 (qkv bias), Qwen3 (q/k norm), Phi-3 (weights split at load), Gemma 2 and 3 (norms around each
-block, GELU, scaled embeddings and scores, soft-capped logits; Gemma 2's soft-capped attention
-scores, Gemma 3's RoPE of its own for sliding layers);
-Mixtral, Qwen3-MoE, gpt-oss and GLM-4.5 (a mixture of experts in place of the MLP: `experts.py`;
-gpt-oss's biases on q, k, v and o, and its attention sinks; GLM-4.5's and Qwen2-MoE's shared
-experts).
+block, GELU, scaled embeddings and scores, soft-capped logits and attention scores, Gemma 3's
+sliding layers' own RoPE); Mixtral, Qwen3-MoE, gpt-oss and GLM-4.5 (a mixture of experts in
+place of the MLP: `experts.py`; gpt-oss's biases on q, k, v and o, and its attention sinks;
+GLM-4.5's and Qwen2-MoE's shared experts); a sequence classifier's `score` head.
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -94,15 +93,19 @@ class LlamaModel:
             where the family has no such norm."""
             return take(name, activation_dtype) + info.norm_offset if present else None
 
-        embed = self._vocab_rows(take("model.embed_tokens.weight", rows=self.vocab))
+        embed = tp.padded_vocab(take("model.embed_tokens.weight", rows=self.vocab), info.vocab_size)
         # Quantized, packed once: its rows looked up there, and a tied head multiplies it.
         self.embed_weight = pack(embed) if isinstance(embed, QuantizedWeight) else embed
         self.norm = norm("model.norm.weight")
         tied = "lm_head.weight" not in weights
         head = (
-            self.embed_weight if tied else self._vocab_rows(take("lm_head.weight", rows=self.vocab))
+            self.embed_weight
+            if tied
+            else tp.padded_vocab(take("lm_head.weight", rows=self.vocab), info.vocab_size)
         )
         self.lm_head = projection(head, None)
+        score = [take(n, torch.float32) for n in ("score.weight", "score.bias") if n in weights]
+        self.classifier = score if info.labels else None  # a sequence classifier's head, bias
 
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:
@@ -183,13 +186,6 @@ class LlamaModel:
         self.scale = info.attention_scale or info.head_dim**-0.5
         self.softcap = info.attn_logit_softcapping
 
-    def _vocab_rows(self, weight: Weight) -> Weight:
-        """This rank's slice of the vocabulary, padded with zero rows to the common width."""
-        width = self.vocab.stop - self.vocab.start
-        if weight.shape[0] == width or isinstance(weight, QuantizedWeight):
-            return weight  # quantized weights are not split across ranks (`take`)
-        return torch.cat((weight, weight.new_zeros(width - weight.shape[0], weight.shape[1])))
-
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_weight, PackedWeight):
             rows = self.embed_weight.rows(input_ids, self.activation_dtype)
@@ -201,6 +197,10 @@ class LlamaModel:
             rows = F.embedding(local.clamp(0, self.embed_weight.shape[0] - 1), self.embed_weight)
             rows = self.tp.all_reduce((rows * mine[:, None]).to(self.activation_dtype))
         return rows if self.info.embed_scale == 1 else rows * self.info.embed_scale
+
+    def pooled(self, last: torch.Tensor) -> torch.Tensor:
+        """A classifier's labels' logits of its last tokens' final hidden states, else those."""
+        return last.float() if self.classifier is None else F.linear(last.float(), *self.classifier)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._rms_norm(hidden, self.norm)

@@ -1,0 +1,165 @@
+"""Prompts run for one vector each, the path /v1/embeddings, /score, /rerank and /classify share:
+each prompt a request computed to its end, whose last token comes back pooled
+(`SamplingParams.embed`: its final hidden state, or a classifier's labels' logits; the one
+token sampled is dropped). A request's prompts run together, batched with everything else, and
+share the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import numpy as np
+from aiohttp import web
+from msgspec import Meta
+
+from turnstile.gateway_svc import metrics
+from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
+from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
+from turnstile.gateway_svc.request_ids import answered
+from turnstile.gateway_svc.request_types import Unused
+from turnstile.gateway_svc.served_models import ServedModels
+from turnstile.shared.protocol import AddRequest, Embedding, LoraRef, SamplingParams, pack_ids
+from turnstile.shared.tokenizer import Tokenizer
+
+POOLED = SamplingParams(embed=True)
+MAX_INPUTS = 2048  # in one request, as OpenAI's limit
+T = TypeVar("T")
+
+
+class InputsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """/v1/embeddings' and /classify's fields: texts or token ids, each a prompt."""
+
+    input: str | Annotated[list[int | str | list[int]], Meta(min_length=1)]
+    model: str | None = None
+    user: Unused = None
+    # vLLM's: each input's last k tokens (-1: the context's length); the tokenizer's own
+    # special tokens around each text (Llama's BOS, Qwen3-Embedding's closing EOS).
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    add_special_tokens: bool = True
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text or token ids."""
+        given = self.input
+        if isinstance(given, str) or isinstance(given[0], int):
+            return [given]  # type: ignore[list-item]
+        if len({type(item) for item in given}) > 1:
+            raise ApiError(400, "input must be a string, a list of token ids, or a list of "
+                           "either", param="input")  # fmt: skip
+        if len(given) > MAX_INPUTS:
+            raise ApiError(400, f"at most {MAX_INPUTS} inputs in one request", param="input")
+        return given  # type: ignore[return-value]
+
+
+class PooledRequests:
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        models: ServedModels,
+        tokenizing: Executor,
+        log_requests: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.info = tokenizer.info
+        self.max_model_len = max_model_len
+        self.models = models
+        self.tokenizing = tokenizing  # the gateway's tokenizer threads
+        self.log_requests = log_requests  # a line each request as it ends
+
+    async def answered(
+        self, http: web.Request, endpoint: str,
+        answer: Callable[[dict[str, Any]], Awaitable[web.Response]],
+    ) -> web.StreamResponse:  # fmt: skip
+        """`answer(usage)`, counted and logged with the prompt tokens it counts in `usage`."""
+        usage = {"prompt_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
+        return await answered(
+            http, endpoint, time.perf_counter(), answer(usage),
+            lambda: usage | {"completion_tokens": 0}, self.log_requests,
+        )  # fmt: skip
+
+    async def lora(self, model: str | None) -> LoraRef | None:
+        """The LoRA adapter `model` names (loaded where a resolver finds it), None: the base."""
+        await self.models.find(model)
+        return self.models.lora(model)
+
+    async def tokenized(self, work: Callable[[], T]) -> T:
+        """`work()` on a tokenizer thread: a long text must not stall the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, work)
+
+    def encoded(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """A text's token ids, refused before tokenizing where it cannot fit the context."""
+        self.fits(text, param)
+        return self.tokenizer.encode(text, add_special_tokens)
+
+    def fits(self, text: str, param: str) -> None:
+        """Refuses a text too long for the context, whatever it tokenizes to."""
+        if len(text) > self.max_model_len * self.tokenizer.max_chars_per_token:
+            raise ApiError(400, f"a text has {len(text)} characters: more than this model's "
+                           f"context of {self.max_model_len} tokens can hold",
+                           code="context_length_exceeded", param=param)  # fmt: skip
+
+    def prompts(self, request: InputsRequest) -> list[list[int]]:
+        """Each input's token ids (on a tokenizer thread)."""
+        vocab = self.tokenizer.vocab_size
+        prompts = []
+        for given in request.inputs():
+            if isinstance(given, str):
+                prompts.append(self.encoded(given, "input", request.add_special_tokens))
+            elif any(not 0 <= t < vocab for t in given):
+                raise ApiError(400, f"input token ids must lie in [0, {vocab})", param="input")
+            else:
+                prompts.append(list(given))
+        return prompts
+
+    async def vectors(
+        self, prompts: list[list[int]], lora: LoraRef | None, usage: dict[str, Any], param: str
+    ) -> list[np.ndarray]:
+        """Each prompt's pooled vector (`info.pooled_size` floats); `usage` counts the prompt
+        tokens and those found cached."""
+        for i, ids in enumerate(prompts):
+            if not 0 < len(ids) < self.max_model_len:
+                raise ApiError(400, f"input {i} has {len(ids)} tokens: an input takes 1 to "
+                               f"{self.max_model_len - 1} (the model's context is "
+                               f"{self.max_model_len})", code="context_length_exceeded",
+                               param=param)  # fmt: skip
+        if not self.engine.ready:
+            raise ApiError(503, "no executor is ready", "service_unavailable")
+        usage["prompt_tokens"] = sum(map(len, prompts))
+        metrics.GATEWAY_PROMPT_TOKENS.inc(usage["prompt_tokens"])
+        streams = [self.engine.submit(_pooled_request(ids, lora)) for ids in prompts]
+        try:
+            vectors = []
+            for stream in streams:
+                vector, cached = await self._vector(stream)
+                vectors.append(vector)
+                usage["prompt_tokens_details"]["cached_tokens"] += cached
+            return vectors
+        finally:
+            for stream in streams:  # a no-op for those that ended; the rest, the client left
+                self.engine.abort(stream)
+
+    async def _vector(self, stream: RequestStream) -> tuple[np.ndarray, int]:
+        """The prompt's pooled vector, once its request ends, and its tokens found cached."""
+        vector = None
+        while not isinstance(event := await stream.events.get(), End):
+            if isinstance(event, Embedding):
+                vector = np.frombuffer(event.vector, dtype="<f4")
+        if event.reason in REFUSALS:
+            raise refusal(event.reason, event.error)
+        if vector is None or len(vector) != self.info.pooled_size:
+            raise ApiError(500, "the executor answered no pooled vector", "server_error")
+        return vector, event.cached_tokens
+
+
+def _pooled_request(ids: list[int], lora: LoraRef | None) -> AddRequest:
+    """One prompt for the scheduler: computed (with the adapter `lora`), one token sampled and
+    dropped."""
+    return AddRequest(req_id=0, prompt_ids=pack_ids(ids), max_tokens=1, sampling=POOLED,
+                      ignore_eos=True, lora=lora)  # fmt: skip

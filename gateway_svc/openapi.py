@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from turnstile.gateway_svc.classify import ClassificationRequest
 from turnstile.gateway_svc.embeddings import EmbeddingRequest
 from turnstile.gateway_svc.messages_api import MessagesCount, MessagesRequest
 from turnstile.gateway_svc.request_types import (
@@ -14,6 +15,7 @@ from turnstile.gateway_svc.request_types import (
     CompletionRequest,
 )
 from turnstile.gateway_svc.responses_api import ResponsesRequest
+from turnstile.gateway_svc.scores import RerankRequest, ScoreRequest
 from turnstile.gateway_svc.token_requests import Detokenize, TokenizeChat, TokenizeCompletion
 
 _ERROR = {
@@ -86,8 +88,8 @@ def _stored() -> dict[str, Any]:
 
 def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, Any]:
     requests = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, MessagesRequest,
-                MessagesCount, EmbeddingRequest, TokenizeCompletion, TokenizeChat,
-                Detokenize]  # fmt: skip
+                MessagesCount, EmbeddingRequest, ScoreRequest, RerankRequest,
+                ClassificationRequest, TokenizeCompletion, TokenizeChat, Detokenize]  # fmt: skip
     _, schemas = msgspec.json.schema_components(
         requests, ref_template="#/components/schemas/{name}"
     )
@@ -126,6 +128,17 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
             ),
             "/v1/embeddings": _post(
                 ["EmbeddingRequest"], "Embed inputs", "an embedding of each input"
+            ),
+            **{
+                path: _post(["ScoreRequest"], "Score pairs of texts", "a score each pair")
+                for path in ("/score", "/v1/score")
+            },
+            **{
+                path: _post(["RerankRequest"], "Order documents by a query", "the best first")
+                for path in ("/rerank", "/v1/rerank", "/v2/rerank")
+            },
+            "/classify": _post(
+                ["ClassificationRequest"], "Classify inputs", "each input's label and probs"
             ),
             "/v1/models": _get("The served model", "model list", 401),
             "/tokenize": _post(

@@ -26,7 +26,7 @@ from turnstile.executor_svc.step_in_flight import Carry, PendingStep, ReadyStep,
 from turnstile.executor_svc.tensor_parallel import TensorParallel, join_group
 from turnstile.shared.batch_table import spread
 from turnstile.shared.lora import adapters as lora_adapters
-from turnstile.shared.model_info import ModelInfo, read_model_info
+from turnstile.shared.model_info import ModelInfo
 from turnstile.shared.protocol import (
     BatchPlan,
     Embedding,
@@ -45,7 +45,7 @@ class ModelRunner:
         started = time.perf_counter()
         self.config = config
         engine, executor = config.engine, config.executor
-        self.info: ModelInfo = read_model_info(config.model_path)
+        self.info: ModelInfo = engine.model_info()
         TensorParallel(executor.rank, engine.tensor_parallel_size).check(self.info)
         self.backend = create_backend(config, self.info)
         self.tp = join_group(

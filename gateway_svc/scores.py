@@ -27,6 +27,8 @@ Texts = str | list[str]
 # The names a /score request may give its two sides, as vLLM's request kinds pair them.
 SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
          ("text_1", "text_2"))  # fmt: skip
+RESERVED = {"chat_template", "tools", "tokenize", "messages", "add_generation_prompt",
+            "continue_final_message"}  # fmt: skip
 
 
 class ScoringFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -37,6 +39,23 @@ class ScoringFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Each query's and document's first k tokens (0: all), cut before the two meet.
     max_tokens_per_query: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
     max_tokens_per_doc: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+    # A cross-encoder's pair written by --chat-template's template (as messages of roles
+    # "query" and "document"): its variables, `instruction` among them (Qwen3-Reranker's).
+    instruction: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_kwargs(self, templated: bool) -> dict[str, Any]:
+        """The variables the template writes a pair with; refused where no template does."""
+        given = {"instruction": self.instruction} if self.instruction is not None else {}
+        given |= self.chat_template_kwargs or {}
+        if given and not templated:
+            param = "instruction" if self.instruction is not None else "chat_template_kwargs"
+            raise ApiError(400, f"{param} is written by a cross-encoder's template, and this "
+                           "server has none (--chat-template)", param=param)  # fmt: skip
+        if reserved := sorted(RESERVED & given.keys()):
+            raise ApiError(400, f"chat_template_kwargs may not set {reserved}",
+                           param="chat_template_kwargs")  # fmt: skip
+        return given
 
 
 class ScoreRequest(ScoringFields, forbid_unknown_fields=True, kw_only=True):
@@ -121,8 +140,10 @@ class Scores:
         firsts, seconds = await self.pooled.tokenized(
             partial(self._clipped, request, firsts, seconds)
         )
+        templated = bool(self.info.labels) and self.tokenizer.given_template
+        variables = request.template_kwargs(templated)
         if self.info.labels:
-            return await self._cross_encoded(request, firsts, seconds, lora, usage)
+            return await self._cross_encoded(request, firsts, seconds, lora, usage, variables)
         return await self._bi_encoded(request, firsts, seconds, lora, usage)
 
     def _clipped(
@@ -136,7 +157,7 @@ class Scores:
 
     async def _cross_encoded(
         self, request: ScoringFields, firsts: list[str], seconds: list[str],
-        lora: LoraRef | None, usage: dict[str, Any],
+        lora: LoraRef | None, usage: dict[str, Any], variables: dict[str, Any],
     ) -> list[float]:  # fmt: skip
         """A classifier's activated logit of each pair, read as one prompt."""
         if len(self.info.labels) != 1:
@@ -145,18 +166,31 @@ class Scores:
                            "(/classify gives each label's)", param="model")  # fmt: skip
         queries = firsts * len(seconds) if len(firsts) == 1 else firsts
         pairs = list(zip(queries, seconds, strict=True))
-        prompts = await self.pooled.tokenized(partial(self._pair_prompts, pairs))
+        prompts = await self.pooled.tokenized(partial(self._pair_prompts, pairs, variables))
         prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
         logits = await self.pooled.vectors(prompts, lora, usage, "documents")
         return [float(activated(row, self.info, request.use_activation)[0]) for row in logits]
 
-    def _pair_prompts(self, pairs: list[tuple[str, str]]) -> list[list[int]]:
-        """Each pair's prompt: tokenized as a pair, or (an LLM reranker's) joined as one text."""
+    def _pair_prompts(
+        self, pairs: list[tuple[str, str]], variables: dict[str, Any]
+    ) -> list[list[int]]:
+        """Each pair's prompt: written by --chat-template's template, tokenized as a pair, or
+        (an LLM reranker's) joined as one text."""
+        if self.tokenizer.given_template:
+            return [self.pooled.encoded(self._written(a, b, variables), "documents")
+                    for a, b in pairs]  # fmt: skip
         if not self.info.pair_separately:
             return [self.pooled.encoded(a + b, "documents") for a, b in pairs]
         for a, b in pairs:
             self.pooled.fits(a + b, "documents")
         return [self.tokenizer.encode_pair(a, b) for a, b in pairs]
+
+    def _written(self, query: str, document: str, variables: dict[str, Any]) -> str:
+        messages = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+        try:
+            return self.tokenizer.render_chat(messages, add_generation_prompt=False, **variables)
+        except ValueError as error:
+            raise ApiError(400, str(error), param="chat_template_kwargs") from None
 
     async def _bi_encoded(
         self, request: ScoringFields, firsts: list[str], seconds: list[str],

@@ -20,7 +20,7 @@ from turnstile.gateway_svc.middlewares import allow_cross_origin
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.gateway_svc.served_models import ServedModels
 from turnstile.shared.lora import adapters as lora_adapters
-from turnstile.shared.model_info import read_model_info, served_name
+from turnstile.shared.model_info import served_name
 from turnstile.shared.tokenizer import read_template, served_tokenizer
 from turnstile.shared.zmq_io import scheduler_addresses
 
@@ -45,7 +45,7 @@ class UnparsableRequests(logging.Filter):
 
 async def _serve(config: GatewayServiceConfig) -> None:
     model, settings = config.engine.model_path, config.gateway
-    info = read_model_info(model)
+    info = config.engine.model_info()
     template = None if settings.chat_template is None else read_template(settings.chat_template)
     defaults = settings.request_defaults(info.sampling_defaults)
     engine = EngineClient(scheduler_addresses(config.addresses)[0], settings.request_timeout)

@@ -21,7 +21,7 @@ from turnstile.scheduler_svc.scheduler import Scheduler
 from turnstile.scheduler_svc.service_config import SchedulerServiceConfig
 from turnstile.shared.config import SchedulerConfig
 from turnstile.shared.metrics_server import serve_metrics
-from turnstile.shared.model_info import read_model_info, served_name
+from turnstile.shared.model_info import served_name
 from turnstile.shared.protocol import (
     AbortRequest,
     AddRequest,
@@ -46,7 +46,7 @@ class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
         path = config.engine.model_path
-        self.model = read_model_info(path)
+        self.model = config.engine.model_info()
         gateway_address, executors_address = scheduler_addresses(config.addresses)
         self.gateways = GatewayLink(gateway_address)
         self.link = ExecutorLink(

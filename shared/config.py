@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from turnstile.shared.model_info import resolve_model_path
+from turnstile.shared.model_info import ModelInfo, read_model_info, resolve_model_path
 from turnstile.shared.settings import nested, setting
 from turnstile.shared.speculative import Speculation, parse_speculation
 
@@ -32,6 +32,12 @@ class EngineConfig:
         None,
         "a folder, or a Hugging Face id in the local cache, whose tokenizer and chat template "
         "serve in place of the model's: a GGUF file's base model's, as vLLM's docs advise",
+    )
+    hf_overrides: dict[str, Any] | None = setting(
+        None,
+        "config.json's fields replaced, as JSON (vLLM's flag), e.g. Qwen3-Reranker's "
+        '{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": '
+        '["no", "yes"], "is_original_qwen3_reranker": true}',
     )
     max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
     block_size: int = setting(16, "tokens per KV-cache block")
@@ -63,6 +69,10 @@ class EngineConfig:
     @property
     def model_path(self) -> Path:
         return resolve_model_path(self.model, self.revision)
+
+    def model_info(self) -> ModelInfo:
+        """The model's shape and settings, with --hf-overrides."""
+        return read_model_info(self.model_path, self.hf_overrides)
 
     @property
     def tokenizer_path(self) -> Path:

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -16,6 +17,7 @@ from turnstile.shared.checkpoint_quantization import checkpoint_quantization
 from turnstile.shared.derived_files import derived_path, write_derived
 from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
+    UnsupportedModel,
     check_hf_config,
     context_length,
     family_features,
@@ -90,7 +92,7 @@ class ModelInfo:
     max_model_len: int
     rope_theta: float
     rms_norm_eps: float
-    bos_token_id: int
+    bos_token_id: int | None  # None: config.json says the model has none
     eos_token_id: int  # the first of them: the chat template's `eos_token`
     tie_word_embeddings: bool
     attention_bias: bool
@@ -145,6 +147,11 @@ class ModelInfo:
     labels: tuple[str, ...] = ()
     classifier_activation: str = ""
     pair_separately: bool = True
+    # A head made of the LM head's rows of these tokens (vLLM's `classifier_from_token`):
+    # "from_2_way_softmax", the second's less the first's (Qwen3-Reranker's yes and no), else
+    # each token's row a label ("no_post_processing").
+    classifier_tokens: tuple[int, ...] = ()
+    classifier_method: str = ""
     # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
     quantization: str = ""  # "" for float weights
     weight_type: str = ""  # "int" (packed or int8 codes), "float" (fp8), "nf4", "fp4", "mxfp4"
@@ -172,9 +179,13 @@ class ModelInfo:
         return self.eos_token_ids or (self.eos_token_id,)
 
 
-def read_model_info(path: Path) -> ModelInfo:
+def read_model_info(path: Path, overrides: dict[str, Any] | None = None) -> ModelInfo:
+    """`overrides`: config.json's fields replaced (vLLM's --hf-overrides)."""
     if path.suffix != ".gguf":
-        return _from_hf_directory(path)
+        return _from_hf_directory(path, overrides or {})
+    if overrides:
+        raise UnsupportedModel(f"{path.name}: --hf-overrides replaces a Hugging Face folder's "
+                               "config.json fields; a GGUF file has none")  # fmt: skip
     # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once (per
     # version of the code that reads it).
     readers = (__file__, gguf_info.__file__, model_support.__file__, pooling.__file__)
@@ -221,8 +232,8 @@ def folder_chat_template(path: Path) -> str | None:
     return None
 
 
-def _from_hf_directory(path: Path) -> ModelInfo:
-    config = json.loads((path / "config.json").read_text())
+def _from_hf_directory(path: Path, overrides: dict[str, Any]) -> ModelInfo:
+    config = json.loads((path / "config.json").read_text()) | overrides
     check_hf_config(config, f"{path.name}/config.json")
     generation_file = path / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
@@ -256,6 +267,6 @@ def _from_hf_directory(path: Path) -> ModelInfo:
         rope_scaling=rope if rope_type(rope) != "default" else None,
         **family_features(config),
         **hf_pooling(path, config),
-        **hf_classifier(config, f"{path.name}/config.json"),
+        **hf_classifier(config, f"{path.name}/config.json", path),
         **checkpoint_quantization(config, f"{path.name}/config.json"),
     )

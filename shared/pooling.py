@@ -24,6 +24,8 @@ _MODES = {
 }  # fmt: skip
 _GGUF_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum
 _PLAIN = ("Transformer", "Pooling", "Normalize")  # modules whose work is computed here
+_TWO_WAY = "from_2_way_softmax"  # vLLM's methods of a head made of LM-head rows
+_TOKEN_METHODS = (_TWO_WAY, "no_post_processing")
 # A cross-encoder's activation, as sentence-transformers names it: vLLM's default (a sigmoid of
 # one label, a softmax of several) for these two, none for Identity.
 _ACTIVATIONS = {
@@ -61,24 +63,48 @@ def gguf_pooling(arch: str, field: Callable[..., Any]) -> dict[str, Any]:
     return {} if kind is None else {"pooling": _GGUF_TYPES.get(int(kind), f"type {kind}")}
 
 
-def hf_classifier(config: dict[str, Any], source: str) -> dict[str, Any]:
+def hf_classifier(config: dict[str, Any], source: str, folder: Path) -> dict[str, Any]:
     """`ModelInfo`'s classifier fields for a config.json; {} for a language model. Labels as
-    transformers numbers them (`id2label`, else `num_labels` of LABEL_i, 2 by default)."""
+    transformers numbers them (`id2label`, else `num_labels` of LABEL_i, 2 by default). A head
+    of LM-head rows (vLLM's `classifier_from_token` and `method`; Qwen3-Reranker's
+    `is_original_qwen3_reranker`) has its tokens' ids read from the folder's tokenizer."""
     if not any(
         str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or ()
     ):
         return {}
-    for key in ("classifier_from_token", "method"):  # vLLM's head made of the LM head's rows
-        if key in config:
-            raise UnsupportedModel(
-                f"{source}: {key} = {config[key]!r} is not supported (a classifier's head made "
-                "of its language model's token rows)"
-            )
-    named = config.get("id2label") or {}
-    count = len(named) or int(config.get("num_labels", 2))
-    labels = tuple(str(named.get(str(i), f"LABEL_{i}")) for i in range(count))
-    return {"labels": labels, "classifier_activation": _activation(config, count, source),
-            "pair_separately": bool(config.get("use_sep_token", True))}  # fmt: skip
+    tokens = config.get("classifier_from_token")
+    method = config.get("method") or (
+        "from_2_way_softmax" if config.get("is_original_qwen3_reranker") else None
+    )
+    if tokens is None and method is None:
+        named = config.get("id2label") or {}
+        count = len(named) or int(config.get("num_labels", 2))
+        labels = tuple(str(named.get(str(i), f"LABEL_{i}")) for i in range(count))
+        return {"labels": labels, "classifier_activation": _activation(config, count, source),
+                "pair_separately": bool(config.get("use_sep_token", True))}  # fmt: skip
+    if method not in _TOKEN_METHODS or not tokens or (method == _TWO_WAY and len(tokens) != 2):
+        raise UnsupportedModel(
+            f"{source}: method = {method!r} with classifier_from_token = {tokens!r} is not "
+            f"supported (supported: {_TWO_WAY} of two tokens, no_post_processing of any)"
+        )
+    count = 1 if method == _TWO_WAY else len(tokens)
+    ids = _token_ids(folder, tokens, source)
+    return {"labels": tuple(f"LABEL_{i}" for i in range(count)),
+            "classifier_activation": _activation(config, count, source),
+            "pair_separately": bool(config.get("use_sep_token", False)),  # an LLM reranker's
+            "classifier_tokens": ids, "classifier_method": method}  # fmt: skip
+
+
+def _token_ids(folder: Path, tokens: list[str], source: str) -> tuple[int, ...]:
+    import tokenizers
+
+    vocabulary = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = [vocabulary.token_to_id(token) for token in tokens]
+    if None in ids:
+        missing = tokens[ids.index(None)]
+        raise UnsupportedModel(f"{source}: classifier_from_token = {tokens!r}: {missing!r} is "
+                               "no token of the tokenizer")  # fmt: skip
+    return tuple(ids)  # type: ignore[arg-type]
 
 
 def _activation(config: dict[str, Any], count: int, source: str) -> str:

@@ -77,12 +77,16 @@ def _add_ends(converted: tokenizers.Tokenizer, fields: dict, vocabulary: dict) -
 
 class Tokenizer:
     def __init__(
-        self, model: Path, info: ModelInfo, template_kwargs: dict[str, Any] | None = None
-    ) -> None:
-        """`template_kwargs`: the chat template's defaults (a render's own win)."""
+        self, model: Path, info: ModelInfo, template_kwargs: dict[str, Any] | None = None,
+        given_template: bool = False,
+    ) -> None:  # fmt: skip
+        """`template_kwargs`: the chat template's defaults (a render's own win);
+        `given_template`: the template is the server's (--chat-template), not the model's: a
+        cross-encoder's pairs are written with it, as vLLM writes them."""
         self.backend = _load_backend(model)
         self.info = info
         self.template_kwargs = template_kwargs or {}
+        self.given_template = given_template
         self.vocab_size = self.backend.get_vocab_size()
         # No token stands for more characters than its longest vocabulary entry (x4 for a
         # normalizer that composes characters): a text over max_model_len times this is
@@ -134,7 +138,7 @@ class Tokenizer:
         if self._template is None:
             raise ValueError("this model has no chat template")
         variables = {
-            "bos_token": self.token_text(self.info.bos_token_id),
+            "bos_token": "" if (bos := self.info.bos_token_id) is None else self.token_text(bos),
             "eos_token": self.token_text(self.info.eos_token_id),
             **self.template_kwargs,
             **template_kwargs,
@@ -172,7 +176,7 @@ def served_tokenizer(
         folder = engine.tokenizer_path
         own = (folder_chat_template(folder) if folder.is_dir() else None) or info.chat_template
     served = dataclasses.replace(info, chat_template=template or own)
-    tokenizer = Tokenizer(engine.tokenizer_path, served, template_kwargs)
+    tokenizer = Tokenizer(engine.tokenizer_path, served, template_kwargs, template is not None)
     if tokenizer.vocab_size > info.vocab_size:
         raise ValueError(
             f"--tokenizer {engine.tokenizer}: its vocabulary has {tokenizer.vocab_size} tokens, "

@@ -15,7 +15,7 @@ import requests
 
 from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
-from turnstile.shared.model_info import read_model_info
+from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.pooling import hf_classifier
 
@@ -161,11 +161,12 @@ def test_three_labels_softmax(tmp_path: Path) -> None:
     assert refused.status_code == 400 and "3 labels" in refused.json()["error"]["message"]
 
 
-def test_classifier_configs_read_as_vllm_reads_them() -> None:
-    """Labels and activation from config.json, as vLLM's `get_act_fn` reads them."""
+def test_classifier_configs_read_as_vllm_reads_them(reranker: Path) -> None:
+    """Labels and activation from config.json, as vLLM's `get_act_fn` reads them; a head of
+    LM-head rows as its `classifier_from_token` and `method` make one."""
     head = {"architectures": ["Qwen3ForSequenceClassification"]}
-    assert hf_classifier({"architectures": ["Qwen3ForCausalLM"]}, "c") == {}
-    assert hf_classifier(head, "c") == {  # transformers' default: 2 labels
+    assert hf_classifier({"architectures": ["Qwen3ForCausalLM"]}, "c", reranker) == {}
+    assert hf_classifier(head, "c", reranker) == {  # transformers' default: 2 labels
         "labels": ("LABEL_0", "LABEL_1"), "classifier_activation": "softmax",
         "pair_separately": True,
     }  # fmt: skip
@@ -176,16 +177,28 @@ def test_classifier_configs_read_as_vllm_reads_them() -> None:
         ({**head, "problem_type": "multi_label_classification"}, "sigmoid"),
         ({**one, "sentence_transformers": identity}, "none"),
     ]:  # fmt: skip
-        assert hf_classifier(config, "c")["classifier_activation"] == activation
-    assert not hf_classifier({**one, "use_sep_token": False}, "c")["pair_separately"]
-    for refused in ({"sbert_ce_default_activation_function": "os.system"},
-                    {"classifier_from_token": ["no", "yes"]}):  # fmt: skip
-        with pytest.raises(UnsupportedModel, match=next(iter(refused))):
-            hf_classifier({**one, **refused}, "c")
+        assert hf_classifier(config, "c", reranker)["classifier_activation"] == activation
+    assert not hf_classifier({**one, "use_sep_token": False}, "c", reranker)["pair_separately"]
+    rows = {**head, "classifier_from_token": ["w7", "w9", "w8"], "method": "no_post_processing"}
+    assert hf_classifier(rows, "c", reranker) == {
+        "labels": ("LABEL_0", "LABEL_1", "LABEL_2"), "classifier_activation": "softmax",
+        "pair_separately": False, "classifier_tokens": (7, 9, 8),
+        "classifier_method": "no_post_processing",
+    }  # fmt: skip
+    for refused, named in [
+        ({"sbert_ce_default_activation_function": "os.system"}, "sbert_ce_default"),
+        ({"classifier_from_token": ["w1", "w2", "w3"], "is_original_qwen3_reranker": True},
+         "from_2_way_softmax"),
+        ({"classifier_from_token": ["w1", "yes"], "method": "from_2_way_softmax"}, "'yes'"),
+        ({"classifier_from_token": ["w1"], "method": "mean"}, "'mean'"),
+    ]:  # fmt: skip
+        with pytest.raises(UnsupportedModel, match=named):
+            hf_classifier({**one, **refused}, "c", reranker)
 
 
 def test_heads_other_than_these_are_refused(tmp_path: Path) -> None:
-    """A token classifier's config is refused at start, by name."""
+    """A token classifier's config is refused at start, by name; so is --hf-overrides of a
+    GGUF file."""
     import json
 
     model = random_llama.classifier(tmp_path)
@@ -194,3 +207,55 @@ def test_heads_other_than_these_are_refused(tmp_path: Path) -> None:
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModel, match="Qwen3ForTokenClassification"):
         read_model_info(model)
+    with pytest.raises(UnsupportedModel, match="hf-overrides"):  # a GGUF file has no config
+        read_model_info(embedded_model_path(), {"architectures": ["LlamaForCausalLM"]})
+
+
+# An LLM reranker's template, as Qwen3-Reranker's: the instruction, query and document between
+# markers, the model's next token "yes" (w11) or "no" (w10).
+RERANKER_TEMPLATE = (
+    "w3 {{ instruction | default('w4') }} {% for m in messages %}"
+    "{{ 'w7' if m.role == 'query' else 'w8' }} {{ m.content }} {% endfor %}w9"
+)
+AS_RERANKER = {
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["w10", "w11"], "is_original_qwen3_reranker": True,
+}  # fmt: skip
+
+
+def test_an_original_reranker_scores_yes_against_no(tmp_path: Path) -> None:
+    """Qwen3-Reranker as vLLM's docs serve it: a language model made a classifier by
+    --hf-overrides, its pairs written by --chat-template; a pair's score is the softmax of its
+    next token's "yes" and "no" logits (transformers' `AutoModelForCausalLM`)."""
+    import json
+
+    import tokenizers
+    import torch
+    import transformers
+
+    model = random_llama.write(
+        tmp_path / "reranker", "Qwen3", vocab_size=512, hidden_size=128, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
+    )  # fmt: skip
+    written = [f"w3 {instruction} w7 {QUERY} w8 {doc} w9" for instruction in ("w4", "w12")
+               for doc in DOCS]  # fmt: skip
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    words = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
+    with torch.no_grad():
+        last = [hf(torch.tensor([words.encode(text).ids])).logits[0, -1] for text in written]
+    expected = [torch.softmax(row[[10, 11]], dim=0)[1].item() for row in last]
+    flags = ["--hf-overrides", json.dumps(AS_RERANKER), "--chat-template", RERANKER_TEMPLATE]
+    with launched_server("--model", str(model), "--dtype", "float32", *flags) as server:
+        scores = []
+        for extra in ({}, {"instruction": "w12"}):
+            body = {"query": QUERY, "documents": DOCS, **extra}
+            answer = requests.post(f"{server.url}/rerank", json=body, timeout=60).json()
+            by_index = {r["index"]: r["relevance_score"] for r in answer["results"]}
+            scores += [by_index[i] for i in range(len(DOCS))]
+        tokens = sum(len(text.split()) for text in written[: len(DOCS)])
+        assert answer["usage"]["prompt_tokens"] == tokens
+        chat = {"messages": [{"role": "user", "content": "w5"}]}
+        refused = requests.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    np.testing.assert_allclose(scores, expected, atol=2e-5)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"

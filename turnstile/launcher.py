@@ -39,7 +39,6 @@ from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, 
 from turnstile.shared.lora import LoraConfig
 from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
-from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.settings import REFUSED, nested, setting
 from turnstile.shared.sharding import check_sharding
@@ -157,7 +156,7 @@ def _start(service: Service) -> BaseProcess:
 
 def serve(config: ServeConfig) -> None:
     try:  # a model the executor would run wrongly stops here, before any service starts
-        info = read_model_info(config.engine.model_path)
+        info = config.engine.model_info()
         budget, seqs = config.scheduling.max_num_batched_tokens, config.engine.max_num_seqs
         if budget < seqs:  # else the scheduler would refuse it once an executor registers
             raise ValueError(

@@ -29,11 +29,10 @@ def prepare(config: EngineConfig, _: argparse.Namespace) -> None:
     dequantized weights, the native CPU kernels. Later starts only map files."""
     from turnstile.executor_svc.model.weights import load_weights
     from turnstile.kernels import cpu_native
-    from turnstile.shared.model_info import read_model_info
     from turnstile.shared.tokenizer import served_tokenizer
 
     path = config.model_path
-    info = read_model_info(path)
+    info = config.model_info()
     served_tokenizer(config, info)
     load_weights(path, info)
     native = cpu_native.library()

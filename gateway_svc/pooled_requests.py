@@ -84,8 +84,13 @@ class PooledRequests:
             lambda: usage | {"completion_tokens": 0}, self.log_requests,
         )  # fmt: skip
 
-    async def lora(self, model: str | None) -> LoraRef | None:
-        """The LoRA adapter `model` names (loaded where a resolver finds it), None: the base."""
+    async def start(self, model: str | None) -> LoraRef | None:
+        """The LoRA adapter `model` names (loaded where a resolver finds it), None: the base;
+        refused where the server runs --runner generate."""
+        if self.info.runner == "generate":
+            raise ApiError(400, f"the model {self.models.base!r} is served with --runner "
+                           "generate: it answers no embeddings, scores or classes",
+                           param="model")  # fmt: skip
         await self.models.find(model)
         return self.models.lora(model)
 

@@ -136,7 +136,7 @@ class Scores:
             if getattr(request, name) >= limit:
                 raise ApiError(400, f"{name} must be less than the model's context ({limit})",
                                param=name)  # fmt: skip
-        lora = await self.pooled.lora(request.model)
+        lora = await self.pooled.start(request.model)
         firsts, seconds = await self.pooled.tokenized(
             partial(self._clipped, request, firsts, seconds)
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +39,18 @@ class EngineConfig:
         '{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": '
         '["no", "yes"], "is_original_qwen3_reranker": true}',
     )
+    runner: Literal["auto", "generate", "pooling"] = setting(
+        "auto",
+        "generate: completions, chats, the Responses and Messages APIs only; pooling: "
+        "embeddings, scores, reranking and classification only; auto: both (a sequence "
+        "classifier: pooling) (vLLM's flag)",
+    )
+    convert: Literal["auto", "none", "embed", "classify"] = setting(
+        "auto",
+        "embed: embeddings of the last token's hidden state, a classifier's head aside; "
+        "classify: a sequence classifier with the checkpoint's score head; auto, none: as "
+        "config.json says (vLLM's flag)",
+    )
     max_model_len: int | None = setting(None, "context length to serve (none: the model's)")
     block_size: int = setting(16, "tokens per KV-cache block")
     max_num_seqs: int = setting(128, "sequences one step may run")
@@ -71,8 +83,17 @@ class EngineConfig:
         return resolve_model_path(self.model, self.revision)
 
     def model_info(self) -> ModelInfo:
-        """The model's shape and settings, with --hf-overrides."""
-        return read_model_info(self.model_path, self.hf_overrides)
+        """The model's shape and settings, with --hf-overrides, --convert and --runner."""
+        overrides = self.hf_overrides or {}
+        if self.convert == "classify":  # whatever its architecture's name, its `score` head
+            overrides = {"architectures": ["ForSequenceClassification"], **overrides}
+        info = read_model_info(self.model_path, overrides)
+        if self.convert == "embed":
+            info = replace(info, labels=(), classifier_tokens=())
+        if info.labels and self.runner == "generate":
+            raise ValueError(f"--runner generate: {self.model} is a sequence classifier, which "
+                             "generates nothing (--runner pooling or auto serve it)")  # fmt: skip
+        return replace(info, runner=self.runner)
 
     @property
     def tokenizer_path(self) -> Path:

@@ -152,6 +152,9 @@ class ModelInfo:
     # each token's row a label ("no_post_processing").
     classifier_tokens: tuple[int, ...] = ()
     classifier_method: str = ""
+    # --runner's: "generate" or "pooling" serves only those requests; "auto" both (a sequence
+    # classifier only pooling ones).
+    runner: str = "auto"
     # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
     quantization: str = ""  # "" for float weights
     weight_type: str = ""  # "int" (packed or int8 codes), "float" (fp8), "nf4", "fp4", "mxfp4"
@@ -184,8 +187,10 @@ def read_model_info(path: Path, overrides: dict[str, Any] | None = None) -> Mode
     if path.suffix != ".gguf":
         return _from_hf_directory(path, overrides or {})
     if overrides:
-        raise UnsupportedModel(f"{path.name}: --hf-overrides replaces a Hugging Face folder's "
-                               "config.json fields; a GGUF file has none")  # fmt: skip
+        raise UnsupportedModel(
+            f"{path.name}: --hf-overrides and --convert classify replace a Hugging Face "
+            "folder's config.json fields; a GGUF file has none"
+        )
     # Parsing a GGUF header means walking its whole vocabulary: seconds. Do it once (per
     # version of the code that reads it).
     readers = (__file__, gguf_info.__file__, model_support.__file__, pooling.__file__)

@@ -6,6 +6,7 @@ on the tokenizer's own pair encoding: one label (a cross-encoder: sigmoid scores
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import requests
 
 from turnstile.bench import random_llama
 from turnstile.bench.server_process import Server, launched_server
+from turnstile.shared.config import EngineConfig
 from turnstile.shared.model_info import embedded_model_path, read_model_info
 from turnstile.shared.model_support import UnsupportedModel
 from turnstile.shared.pooling import hf_classifier
@@ -139,10 +141,20 @@ def test_what_is_refused_is_named(server: Server, path: str, body: dict, param: 
 
 
 def test_nothing_refused_keeps_a_block(server: Server) -> None:
-    """After every answer and refusal above, the KV cache holds no request's blocks."""
-    series = server.scrape()
-    assert series["turnstile:num_requests_running"] == 0
-    assert series["turnstile:kv_cache_free_blocks"] == series["turnstile:kv_cache_total_blocks"]
+    """After every answer and refusal above, the KV cache holds no request's blocks (once the
+    scheduler's gauges, published every 0.5 s, catch up)."""
+    deadline = time.monotonic() + 10
+    while True:
+        series = server.scrape()
+        idle = series["turnstile:num_requests_running"] == 0
+        if (
+            idle
+            and series["turnstile:kv_cache_free_blocks"]
+            == series["turnstile:kv_cache_total_blocks"]
+        ):
+            return
+        assert time.monotonic() < deadline, f"blocks still held: {series}"
+        time.sleep(0.2)
 
 
 def test_three_labels_softmax(tmp_path: Path) -> None:
@@ -259,3 +271,41 @@ def test_an_original_reranker_scores_yes_against_no(tmp_path: Path) -> None:
         refused = requests.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
     np.testing.assert_allclose(scores, expected, atol=2e-5)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    with launched_server("--model", str(model), "--runner", "generate") as server:
+        pooled = requests.post(f"{server.url}/score", json={"text_1": "w5", "text_2": "w6"})
+        body = {"prompt": "w5", "max_tokens": 2, "ignore_eos": True}
+        generated = requests.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert pooled.status_code == 400 and "--runner generate" in pooled.json()["error"]["message"]
+    assert generated.status_code == 200
+
+
+def test_runner_pooling_and_convert_embed(reranker: Path) -> None:
+    """vLLM's --runner pooling --convert embed on a classifier's checkpoint: its embeddings
+    (the last token's final hidden state, normalized: transformers' `AutoModel`), no classes,
+    no generation. --runner generate refuses a classifier at start."""
+    import torch
+    import transformers
+
+    with torch.no_grad():
+        base = transformers.AutoModel.from_pretrained(reranker, dtype=torch.float32)
+        last = base(torch.tensor([[5, 6, 7, 2]])).last_hidden_state[0, -1]
+    expected = torch.nn.functional.normalize(last, dim=0).numpy()
+    flags = ["--runner", "pooling", "--convert", "embed"]
+    with launched_server("--model", str(reranker), "--dtype", "float32", *flags) as server:
+        answer = requests.post(f"{server.url}/v1/embeddings", json={"input": QUERY}, timeout=60)
+        classes = requests.post(f"{server.url}/classify", json={"input": QUERY}, timeout=60)
+        body = {"prompt": "w5", "max_tokens": 2}
+        generated = requests.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], expected, atol=2e-5)
+    assert classes.status_code == 400 and "not a sequence classifier" in classes.text
+    assert generated.status_code == 400 and "--runner pooling" in generated.text
+    with pytest.raises(ValueError, match="--runner generate"):
+        EngineConfig(model=str(reranker), runner="generate").model_info()
+    import torch
+
+    from turnstile.executor_svc.model.classifier import classifier_head
+
+    info = EngineConfig(model=str(reranker), convert="classify").model_info()
+    assert info.labels == ("relevant",)  # already one: its own head
+    with pytest.raises(ValueError, match=r"score\.weight"):  # a language model's: none
+        classifier_head(info, {"lm_head.weight": torch.zeros(4, 2)}, torch.device("cpu"))

@@ -21,6 +21,9 @@ def classifier_head(
     if not info.labels:
         return None
     if not info.classifier_tokens:
+        if "score.weight" not in weights:
+            raise ValueError(f"{info.name}: a sequence classifier without its head "
+                             "(score.weight): --convert classify needs one")  # fmt: skip
         names = [name for name in ("score.weight", "score.bias") if name in weights]
         return [weights[name].to(device=device, dtype=torch.float32) for name in names]
     tied = "lm_head.weight" not in weights

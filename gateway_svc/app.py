@@ -123,6 +123,7 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         for path in ("/health", "/ping"):  # /ping: SageMaker's probe, as vLLM serves it
             app.router.add_get(path, self.health)
+        app.router.add_post("/ping", self.health)  # vLLM answers both
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
         tokens = TokenEndpoints(

@@ -152,7 +152,8 @@ def openapi_document(served_names: list[str], max_model_len: int) -> dict[str, A
                 "The served model's name", "served_model_name, max_model_len, version"
             ),
             "/health": _get("Ready to serve?", "ready", 503),
-            "/ping": _get("Ready to serve? (SageMaker's probe, as vLLM's)", "ready", 503),
+            "/ping": _get("Ready to serve? (SageMaker's probe, as vLLM's)", "ready", 503)
+            | {"post": _get("Ready to serve? (SageMaker's probe)", "ready", 503)["get"]},
         },
         "components": {"schemas": {**schemas, "Error": _ERROR}},
     }

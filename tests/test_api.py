@@ -34,6 +34,9 @@ def test_models_and_health(service: Server, client: openai.OpenAI) -> None:
     for probe in ("health", "ping"):  # /ping: SageMaker's, as vLLM's
         with urllib.request.urlopen(f"{service.url}/{probe}") as answer:
             assert answer.status == 200
+    posted = urllib.request.Request(f"{service.url}/ping", method="POST")  # vLLM answers both
+    with urllib.request.urlopen(posted) as answer:
+        assert answer.status == 200
 
 
 def test_a_page_from_any_origin_may_call_the_api_by_default(service: Server) -> None:

@@ -41,6 +41,13 @@ def write(folder: Path, family: str = "Llama", head: str = "ForCausalLM", **shap
     return folder
 
 
+# A tiny Qwen3 (2 layers, hidden size 128, a vocabulary of 512): embedders and classifiers.
+TINY_QWEN3 = dict(
+    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+    initializer_range=0.2,
+)  # fmt: skip
+
 THINK_TOKENS = (510, 511)  # a thinker's <think> and </think>, in place of w510 and w511
 # A template that opens the thinking in the prompt, as DeepSeek-R1's, and closes it there with
 # enable_thinking false, as Qwen3's; an assistant's earlier thinking is written out.
@@ -89,38 +96,25 @@ def embedder(folder: Path) -> Path:
     """A tiny random Qwen3 (2 layers, hidden size 128, Matryoshka dimensions 32, 64 and 128) with
     Qwen3-Embedding's sentence-transformers modules and a tokenizer that closes each text with
     its EOS (w2), as Qwen3-Embedding's does."""
-    write(
-        folder, "Qwen3", vocab_size=512, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=512, matryoshka_dimensions=[32, 64, 128], initializer_range=0.2,
-    )  # fmt: skip
+    write(folder, "Qwen3", **TINY_QWEN3, matryoshka_dimensions=[32, 64, 128])
     (folder / "modules.json").write_text(json.dumps(EMBEDDER_MODULES))
     (folder / "1_Pooling").mkdir(exist_ok=True)
     pooling = {"word_embedding_dimension": 128, "pooling_mode_lasttoken": True}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    tokenizer["post_processor"] = {
-        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
-        {"SpecialToken": {"id": "w2", "type_id": 0}}], "pair": [],
-        "special_tokens": {"w2": {"id": "w2", "ids": [2], "tokens": ["w2"]}},
-    }  # fmt: skip
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
-    }))  # fmt: skip
-    return folder
+    return _closed_by_eos(folder)
 
 
 def classifier(folder: Path, labels: tuple[str, ...] = ("relevant",)) -> Path:
     """A tiny random Qwen3ForSequenceClassification (2 layers, hidden size 128) of `labels`,
     whose tokenizer closes a text with w2 and a pair's texts each with w2, as a cross-encoder's
     separates them."""
-    id2label = dict(enumerate(labels))
-    write(
-        folder, "Qwen3", "ForSequenceClassification", vocab_size=512, hidden_size=128,
-        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, max_position_embeddings=512, initializer_range=0.2, id2label=id2label,
-    )  # fmt: skip
+    write(folder, "Qwen3", "ForSequenceClassification", **TINY_QWEN3,
+          id2label=dict(enumerate(labels)))  # fmt: skip
+    return _closed_by_eos(folder)
+
+
+def _closed_by_eos(folder: Path) -> Path:
+    """The folder's tokenizer made to close a text with w2, and each text of a pair."""
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     a, b = ({"Sequence": {"id": side, "type_id": 0}} for side in ("A", "B"))
     end = {"SpecialToken": {"id": "w2", "type_id": 0}}

@@ -21,10 +21,8 @@ out = Path(sys.argv[1])
 random_llama.classifier(out / "reranker")
 random_llama.classifier(out / "classes", ("negative", "neutral", "positive"))
 random_llama.embedder(out / "embedder")
-random_llama.write(out / "original", "Qwen3", vocab_size=512, hidden_size=128,
-                   intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                   initializer_range=0.2, tie_word_embeddings=False)
+random_llama.write(out / "original", "Qwen3", **random_llama.TINY_QWEN3,
+                   tie_word_embeddings=False)
 (out / "original" / "tokenizer_config.json").write_text(
     '{"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512}')
 PY

@@ -246,10 +246,8 @@ def test_an_original_reranker_scores_yes_against_no(tmp_path: Path) -> None:
     import transformers
 
     model = random_llama.write(
-        tmp_path / "reranker", "Qwen3", vocab_size=512, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
-    )  # fmt: skip
+        tmp_path / "reranker", "Qwen3", **random_llama.TINY_QWEN3, tie_word_embeddings=False
+    )
     written = [f"w3 {instruction} w7 {QUERY} w8 {doc} w9" for instruction in ("w4", "w12")
                for doc in DOCS]  # fmt: skip
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)

@@ -81,6 +81,7 @@ class RerankRequest(ScoringFields, forbid_unknown_fields=True, kw_only=True):
     query: str
     documents: Texts
     top_n: Annotated[int, Meta(ge=0)] = 0  # the best n results; 0: all
+    return_documents: bool = True  # Jina's: false leaves each result's document out
 
 
 class Scores:
@@ -114,8 +115,10 @@ class Scores:
         scores = await self._scores(request, request.query, documents, usage)
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties in order
         kept = order[: request.top_n] if request.top_n else order
-        results = [{"index": i, "document": {"text": documents[i], "multi_modal": None},
-                    "relevance_score": scores[i]} for i in kept]  # fmt: skip
+        shown = request.return_documents
+        results = [{"index": i, "relevance_score": scores[i],
+                    "document": {"text": documents[i], "multi_modal": None} if shown else None}
+                   for i in kept]  # fmt: skip
         tokens = usage["prompt_tokens"]
         return web.json_response({
             "id": f"score-{request_id}", "model": self.pooled.models.reported(request.model),

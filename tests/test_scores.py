@@ -92,8 +92,9 @@ def test_rerank_orders_the_documents(reranker: Path, server: Server) -> None:
         assert [r["document"]["text"] for r in results] == [DOCS[i] for i in order[:2]]
         found = [r["relevance_score"] for r in results]
         np.testing.assert_allclose(found, expected[order[:2]], atol=2e-5)
-    whole = post(server, "/rerank", {"query": QUERY, "documents": DOCS})
+    whole = post(server, "/rerank", {"query": QUERY, "documents": DOCS, "return_documents": False})
     assert [r["index"] for r in whole["results"]] == order
+    assert [r["document"] for r in whole["results"]] == [None] * len(DOCS)  # Jina's field
     # Each document's first 2 tokens, as vLLM cuts them: scored as the cut text is
     cut = post(server, "/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 2})
     short = [" ".join(doc.split()[:2]) for doc in DOCS]

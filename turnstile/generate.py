@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from turnstile.executor_svc.runner_config import RunnerConfig
+from turnstile.gateway_svc.classify import check_generates
 from turnstile.gateway_svc.errors import ApiError
 from turnstile.gateway_svc.openai_api import (
     engine_request,
@@ -45,6 +46,7 @@ def _message(
 ) -> AddRequest:  # fmt: skip
     """The line's request for the scheduler, as the gateway builds it; ApiError if it cannot
     run offline."""
+    check_generates(tokenizer.info, served.base)  # a classifier, or --runner pooling
     for name in UNWRITTEN:
         if (value := getattr(request, name, None)) is not None and value is not False:
             raise ApiError(400, f"{name}: generate writes tokens and text only", param=name)

@@ -103,6 +103,21 @@ def test_rerank_orders_the_documents(reranker: Path, server: Server) -> None:
     np.testing.assert_allclose([by_index[i] for i in range(len(DOCS))], again, atol=2e-5)
 
 
+def test_cohere_clients_rerank(reranker: Path, server: Server) -> None:
+    """Cohere's official client, as vLLM's docs use it: V2 on /v2/rerank, V1 on /v1/rerank."""
+    import cohere
+
+    expected = 1 / (1 + np.exp(-logits(reranker, [(QUERY, doc) for doc in DOCS])[:, 0]))
+    best = list(np.argsort(-expected))[:2]
+    for client in (cohere.ClientV2, cohere.Client):
+        answer = client(api_key="x", base_url=server.url).rerank(
+            model="reranker", query=QUERY, documents=DOCS, top_n=2
+        )
+        assert [result.index for result in answer.results] == best
+        found = [result.relevance_score for result in answer.results]
+        np.testing.assert_allclose(found, expected[best], atol=2e-5)
+
+
 def test_one_label_classifies_by_its_sigmoid(reranker: Path, server: Server) -> None:
     expected = 1 / (1 + np.exp(-logits(reranker, [(QUERY,), ("w9 w8",)])[:, 0]))
     answer = post(server, "/classify", {"input": [QUERY, "w9 w8"]})

@@ -22,6 +22,9 @@ from turnstile.gateway_svc.request_ids import answer_id
 class EmbeddingRequest(InputsRequest, forbid_unknown_fields=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None  # Matryoshka models
+    use_activation: bool | None = (
+        None  # vLLM's: normalized (true) or raw (false); None: the model's
+    )
 
 
 class Embeddings:
@@ -52,7 +55,7 @@ class Embeddings:
         vectors = await self.pooled.vectors(prompts, lora, usage, "input")
         data = [
             {"object": "embedding", "index": i,
-             "embedding": self._encoded(vector[:width], request.encoding_format)}
+             "embedding": self._encoded(vector[:width], request)}
             for i, vector in enumerate(vectors)
         ]  # fmt: skip
         tokens = usage["prompt_tokens"]
@@ -78,10 +81,14 @@ class Embeddings:
                            param="dimensions")  # fmt: skip
         return dimensions
 
-    def _encoded(self, vector: np.ndarray, encoding: str) -> Any:
-        """The vector normalized where the model normalizes, as floats or base64 float32."""
-        if self.tokenizer.info.normalize_embeddings:
+    def _encoded(self, vector: np.ndarray, request: EmbeddingRequest) -> Any:
+        """The vector normalized where the model (or `use_activation`) says, as floats or
+        base64 float32."""
+        normalized = request.use_activation
+        if normalized is None:
+            normalized = self.tokenizer.info.normalize_embeddings
+        if normalized:
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)  # torch's F.normalize
-        if encoding == "base64":
+        if request.encoding_format == "base64":
             return base64.b64encode(vector.astype("<f4").tobytes()).decode()
         return vector.tolist()

@@ -79,6 +79,12 @@ def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.Op
     np.testing.assert_allclose(vectors(by_ids)[0], expected[3], atol=2e-5)
     again = embedder.embeddings.create(model="embedder", input=TEXTS[1])  # its blocks cached
     np.testing.assert_allclose(vectors(again)[0], expected[1], atol=2e-5)
+    raw = embedder.embeddings.create(  # vLLM's use_activation false: not normalized
+        model="embedder", input=TEXTS[2], extra_body={"use_activation": False}
+    )
+    found = vectors(raw)[0]
+    assert abs(np.linalg.norm(found) - 1) > 0.1
+    np.testing.assert_allclose(found / np.linalg.norm(found), expected[2], atol=2e-5)
 
 
 def test_scores_are_the_embeddings_cosines(model: Path, server: Server) -> None:

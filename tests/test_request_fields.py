@@ -134,6 +134,7 @@ EMBEDDINGS: dict[str, tuple[dict[str, Any], str]] = {
     "user": ({"user": "someone"}, OK),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 1}, OK),
     "add_special_tokens": ({"add_special_tokens": False}, OK),
+    "use_activation": ({"use_activation": False}, OK),
 }
 
 

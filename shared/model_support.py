@@ -21,8 +21,7 @@ QWEN_FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # a window: `use_s
 # Those whose window starts at layer `max_window_layers` (Qwen3-MoE's slides on every layer).
 MAX_WINDOW_LAYERS_FAMILIES = ("qwen2", "qwen3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-# config.json's `architectures`: a language model, a sequence classifier (a `score` head: the
-# gateway's /classify, /score and /rerank), or a bare decoder (an embedding model's).
+# config.json's `architectures`: a language model, a sequence classifier, a bare decoder.
 HEADS = ("ForCausalLM", "ForSequenceClassification", "Model")
 # general.architecture of the GGUF files read (Mistral's and Mixtral's are "llama"), each
 # checked by a test that writes one against transformers (`tests/test_gguf_*.py`).
@@ -236,9 +235,8 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     family = config.get("model_type")
     if family not in FAMILIES:
         _refuse(source, "model_type", family, f"supported: {', '.join(FAMILIES)}")
-    for name in config.get("architectures") or ():
-        if not str(name).endswith(HEADS):
-            _refuse(source, "architectures", name, f"supported: *{', *'.join(HEADS)}")
+    for name in [a for a in config.get("architectures") or () if not str(a).endswith(HEADS)]:
+        _refuse(source, "architectures", name, f"supported: *{', *'.join(HEADS)}")
     if activation(config) not in ACTIVATIONS:
         _refuse(source, "hidden_act", activation(config), f"supported: {', '.join(ACTIVATIONS)}")
     rope, local = rope_parameters(config)

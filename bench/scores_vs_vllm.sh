@@ -7,7 +7,9 @@
 # "yes" and "no" rows, `--chat-template` writing each pair, a request's `instruction`). Every
 # answer's scores (within 1e-5), order, labels, indices and token counts must agree; a request
 # the model cannot answer is refused by both (vLLM: a 404, no route for that model's task;
-# Turnstile: a 400 naming `model`), tallied apart.
+# Turnstile: a 400 naming `model`), tallied apart. Then encoders (`bench/random_encoder.py`): a
+# BERT embedder (mean pooling), a BERT cross-encoder (a pair's second text typed 1), an XLM-R
+# classifier of three labels, an XLM-R embedder (CLS pooling); embeddings compared too.
 #   usage: bench/scores_vs_vllm.sh
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); pids=()
@@ -16,8 +18,13 @@ trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
 .venv/bin/python - "$out" <<'PY'
 import sys
 from pathlib import Path
-from turnstile.bench import random_llama
+from turnstile.bench import random_encoder, random_llama
 out = Path(sys.argv[1])
+random_encoder.encoder(out / "bert-embedder", pooling="mean")
+random_encoder.encoder(out / "bert-cross", head="ForSequenceClassification", num_labels=1)
+random_encoder.encoder(out / "xlmr-classes", "XLMRoberta", "ForSequenceClassification",
+                       id2label={0: "negative", 1: "neutral", 2: "positive"})
+random_encoder.encoder(out / "xlmr-embedder", "XLMRoberta")
 random_llama.classifier(out / "reranker")
 random_llama.classifier(out / "classes", ("negative", "neutral", "positive"))
 random_llama.embedder(out / "embedder")
@@ -29,7 +36,7 @@ PY
 template="w3 {{ instruction | default('w4') }} {% for m in messages %}{{ 'w7' if m.role == 'query' else 'w8' }} {{ m.content }} {% endfor %}w9"
 overrides='{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["w10", "w11"], "is_original_qwen3_reranker": true}'
 agreed=0; total=0
-for model in reranker classes embedder original; do
+for model in reranker classes embedder original bert-embedder bert-cross xlmr-classes xlmr-embedder; do
   flags=(); [ $model = original ] && flags=(--hf-overrides "$overrides" --chat-template "$template")
   "$P"/bin/vllm serve "$out/$model" --host 127.0.0.1 --port 8100 --dtype float32 \
     --served-model-name m --max-model-len 512 "${flags[@]}" > "$out/vllm-$model.log" 2>&1 & pids+=($!)
@@ -55,6 +62,7 @@ cases = {
                                                    "max_tokens_per_doc": 2}),
     "classify": ("/classify", {"input": [query, docs[1]]}),
     "classify, no activation": ("/classify", {"input": [query], "use_activation": False}),
+    "embeddings": ("/v1/embeddings", {"input": [query, docs[1]]}),
 }
 if model == "original":  # its template writes the instruction
     cases["rerank, instruction"] = ("/rerank", {"query": query, "documents": docs,
@@ -72,7 +80,7 @@ def reading(port, path, body):
                 "tokens": got["usage"]["prompt_tokens"]}
     rows = got["data"]
     return {"indices": [r["index"] for r in rows], "labels": [r.get("label") for r in rows],
-            "scores": [r.get("score", r.get("probs")) for r in rows],
+            "scores": [r.get("score", r.get("probs", r.get("embedding"))) for r in rows],
             "tokens": got["usage"]["prompt_tokens"]}
 
 def close(a, b):

@@ -22,6 +22,7 @@ from turnstile.executor_svc.cpu_runtime import (
     return_loading_memory,
 )
 from turnstile.executor_svc.model.attention import AttentionBatch, PagedAttention
+from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
 from turnstile.executor_svc.model.experts import (
     BlockExpertWeights,
     Experts,
@@ -60,6 +61,7 @@ class Route(enum.Enum):
     LAYERS = "layers"  # every token through the model's layers, attention batched by kind
     FUSED = "fused"  # every token a row of the backend's fused layers, to itself as a decode
     SPLIT = "split"  # prefill chunks through the model's layers, decode rows fused
+    ENCODER = "encoder"  # whole prompts through an encoder, each attending all of itself
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +85,7 @@ class DeviceStep:
     layer_tokens: torch.Tensor | None  # which tokens; None: all of them
     fused: FusedRows | None
     lora: LoraBatch | None = None  # the tokens that run LoRA adapters
+    encoder: EncoderBatch | None = None  # an encoder's sequences
 
     @property
     def all_decode(self) -> bool:
@@ -111,7 +114,7 @@ class Backend(ABC):
             return_freed_memory()
             pin_rank(executor.rank, config.engine.tensor_parallel_size)
         self.staging = Staging(self.device)
-        self.model: LlamaModel | None = None
+        self.model: LlamaModel | EncoderModel | None = None
         self.kv_caches: KVCaches = []
         self.lora: LoraWeights | None = None
 
@@ -170,8 +173,10 @@ class Backend(ABC):
         """x * rsqrt(mean(x^2) + eps) * weight over the last dim, for the model's layers."""
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
-        """The model, cache and LoRA adapters every later step runs on."""
+    def bind(
+        self, model: LlamaModel | EncoderModel, kv_caches: KVCaches, lora: LoraWeights | None = None
+    ) -> None:
+        """The model, cache and LoRA adapters every later step runs on (an encoder: no cache)."""
         self.model, self.kv_caches, self.lora = model, kv_caches, lora
         if self.device.type == "cpu":  # loading's transients returned as they were freed
             return_loading_memory()
@@ -189,7 +194,7 @@ class Backend(ABC):
         """The step's host arrays, laid out for its route, onto the device in one copy; the
         tokens the step before samples, taken from it there (`carry`)."""
         layout = StepLayout(inputs)
-        route = self.route(layout)
+        route = Route.ENCODER if self.info.encoder_only else self.route(layout)
         arrays = layout.arrays(route.value) | sampling.arrays()
         if carry is not None:
             arrays |= {"carry_to": carry.to, "carry_from": carry.source}
@@ -206,6 +211,10 @@ class Backend(ABC):
         if inputs.lora_segments:
             assert route is not Route.SPLIT and self.lora is not None
             common["lora"] = LoraBatch(self.lora, on["lora_tokens"], inputs.lora_segments)
+        if route is Route.ENCODER:
+            rows = EncoderBatch(on["encoder_rows"], on["encoder_starts"], layout.longest_row,
+                                on.get("token_types"))  # fmt: skip
+            return DeviceStep(**common, layers=None, layer_tokens=None, fused=None, encoder=rows)
         if route is Route.FUSED:
             plan = DecodePlan(on["fused_tables"], on["fused_lens"], size)
             fused = FusedRows(plan, on["slot_mapping"], None)
@@ -243,6 +252,9 @@ class Backend(ABC):
         """The hidden states after the final norm, one row per token of the step."""
         model = self.model
         assert model is not None, "bind() first"
+        if isinstance(model, EncoderModel):
+            assert step.encoder is not None
+            return model.forward(step.input_ids, step.positions, step.encoder)
         hidden = model.embed(step.input_ids)
         if step.layers is not None:
             tokens = step.layer_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -14,6 +15,8 @@ from turnstile.executor_svc.backends import create_backend
 from turnstile.executor_svc.cpu_runtime import zero_pages
 from turnstile.executor_svc.grammar import Grammars
 from turnstile.executor_svc.kv_cache_size import kv_cache_bytes
+from turnstile.executor_svc.model.encoder import EncoderModel
+from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.model.weights import load_weights
@@ -63,26 +66,12 @@ class ModelRunner:
             engine.max_model_len or self.info.max_model_len, self.info.max_model_len
         )
         self.quantized = self.backend.keeps_quantized()
-        weights = load_weights(config.model_path, self.info, self.quantized)
-        self.model = LlamaModel(
-            self.info,
-            weights,
-            self.dtype,
-            self.backend.activation_dtype(self.dtype),
-            self.device,
-            self.backend.projection,
-            self.backend.experts,
-            self.backend.rms_norm,
-            self.tp,
-        )
-        del weights
+        self.model = self._model(load_weights(config.model_path, self.info, self.quantized))
         self.kv_dtype = self.backend.kv_cache_dtype(self.model.activation_dtype, self.quantized)
         self.num_blocks = executor.num_blocks or self._blocks_for(executor)
-        shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         # Zeroed, not empty: masked-out slots are multiplied by zero weights, and NaN * 0 = NaN.
-        self.kv_caches = [
-            (self._zeros(shape), self._zeros(shape)) for _ in range(self.info.num_layers)
-        ]
+        layers = 0 if self.info.encoder_only else self.info.num_layers  # an encoder keeps none
+        self.kv_caches = [(self._zeros(), self._zeros()) for _ in range(layers)]
         self.enable_lora = config.lora.enable_lora
         self.max_loras = config.lora.kept_loaded if self.enable_lora else 0
         dtype = self.model.activation_dtype
@@ -121,15 +110,30 @@ class ModelRunner:
         self.adapters.take_refused()  # the old batch's
         self._in_flight = []
 
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def _model(self, weights: Mapping[str, Weight]) -> LlamaModel | EncoderModel:
+        """The model on the backend's device, with its kernels; this rank's share of it."""
+        backend, info = self.backend, self.info
+        where = (self.dtype, backend.activation_dtype(self.dtype), self.device)
+        if info.encoder_only:
+            return EncoderModel(info, weights, *where, backend.projection)
+        kernels = (backend.projection, backend.experts, backend.rms_norm)
+        return LlamaModel(info, weights, *where, *kernels, self.tp)
+
+    def _zeros(self) -> torch.Tensor:
+        engine = self.config.engine
+        assert isinstance(self.model, LlamaModel)
+        shape = (self.num_blocks, engine.block_size, self.model.num_kv_heads, self.info.head_dim)
         if self.device.type == "cpu":
             return zero_pages(shape, self.kv_dtype)
         return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     def _blocks_for(self, executor: ExecutorConfig) -> int:
-        """The blocks the KV cache's memory holds (`kv_cache_size.py`), alike on every rank."""
-        info = self.info
-        per_block = 2 * info.num_layers * self.config.engine.block_size * self.model.num_kv_heads
+        """The blocks the KV cache's memory holds (`kv_cache_size.py`), alike on every rank; an
+        encoder's, bookkeeping only: as many as `--max-num-seqs` whole prompts fill."""
+        info, size = self.info, self.config.engine.block_size
+        if not isinstance(self.model, LlamaModel):
+            return self.config.engine.max_num_seqs * -(-self.max_model_len // size)
+        per_block = 2 * info.num_layers * size * self.model.num_kv_heads
         per_block *= info.head_dim * self.kv_dtype.itemsize
         memory = kv_cache_bytes(executor, self.device, self.tp.size)
         return self.tp.fewest(max(1, memory // per_block), self.device)

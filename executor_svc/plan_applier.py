@@ -38,6 +38,8 @@ class StepInputs:
     # `lora_tokens` each; none without such rows.
     lora_tokens: np.ndarray | None = None
     lora_segments: tuple[tuple[int, int, int], ...] = ()
+    # Each token's type (0 or 1: `SamplingParams.second_text`), where a row is an encoder's pair.
+    token_types: np.ndarray | None = None
 
 
 EMPTY: Mapping[int, int] = MappingProxyType({})
@@ -70,6 +72,7 @@ class PlanApplier:
         self.sampling: list[SamplingParams | None] = [None] * capacity
         self.adjusts = np.zeros(capacity, dtype=bool)  # rows with logits adjustments
         self.lora = np.zeros(capacity, dtype=np.int32)  # each row's adapter (0: none)
+        self.second_text = np.full(capacity, -1, dtype=np.int64)  # each row's, -1: one text
         self.wants_prompt_logprobs = False  # whether any request so far asked for them
         self.step = 0
         self._sample_rows = np.empty(0, dtype=np.int64)
@@ -94,6 +97,7 @@ class PlanApplier:
                 self.sampling[slot] = new.sampling
                 self.adjusts[slot] = adjusts_logits(new.sampling)
                 self.lora[slot] = adapter_slots.get(new.req_id, 0)
+                self.second_text[slot] = new.sampling.second_text
                 self.wants_prompt_logprobs |= new.sampling.prompt_logprobs is not None
             drafts = self._append_drafts(plan)
             rows = batch.order
@@ -222,6 +226,9 @@ class PlanApplier:
         )
         if self.lora[rows].any():
             inputs.lora_tokens, inputs.lora_segments = _by_adapter(self.lora[owner])
+        if (self.second_text[rows] >= 0).any():
+            second = self.second_text[owner]
+            inputs.token_types = ((second >= 0) & (positions >= second)).astype(np.int64)
         return inputs
 
 

@@ -31,6 +31,7 @@ class StepLayout:
         self.prefill_tokens = first + np.arange(self.prefill_start[-1], dtype=np.int64)
         self.longest = int(lens.max()) if len(lens) else 0
         self.from_start = bool(len(lens)) and not inputs.positions[start[self.prefill_rows]].any()
+        self.longest_row = int(self.query_lens.max()) if len(self.query_lens) else 0
 
     def short_prefill(self) -> bool:
         """Whether the prefill tokens are few enough to run as rows of their own."""
@@ -50,6 +51,12 @@ class StepLayout:
         }
         if inputs.lora_tokens is not None:
             out["lora_tokens"] = inputs.lora_tokens
+        if route == "encoder":  # every row a whole prompt (`SchedulerConfig.whole_prompts`)
+            if inputs.positions[inputs.query_start_loc[:-1]].any():
+                raise RuntimeError("an encoder's step holds a row that is not a whole prompt")
+            rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)
+            out |= {"encoder_rows": rows, "encoder_starts": inputs.query_start_loc}
+            return out if inputs.token_types is None else out | {"token_types": inputs.token_types}
         if route == "fused":
             if len(self.prefill_rows):  # each token a row, attending up to itself
                 rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)

@@ -38,11 +38,14 @@ def refuse_unless_classifier(info: ModelInfo, model: str, endpoint: str) -> None
 
 
 def check_generates(info: ModelInfo, model: str) -> None:
-    """A generation request's check: a sequence classifier, or a server that runs --runner
-    pooling, generates nothing."""
+    """A generation request's check: a sequence classifier, an encoder, or a server that runs
+    --runner pooling, generates nothing."""
     if info.labels:
         raise ApiError(400, f"the model {model!r} is a sequence classifier: it answers /classify, "
                        "/score and /rerank, and generates nothing", param="model")  # fmt: skip
+    if info.encoder_only:
+        raise ApiError(400, f"the model {model!r} is an encoder: it answers embeddings, /score "
+                       "and /rerank, and generates nothing", param="model")  # fmt: skip
     if info.runner == "pooling":
         raise ApiError(400, f"the model {model!r} is served with --runner pooling: it answers "
                        "embeddings, /score, /rerank and /classify, and generates nothing",

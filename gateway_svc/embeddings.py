@@ -46,9 +46,7 @@ class Embeddings:
             raise ApiError(400, f"the model {self.models.base!r} is a sequence classifier: it "
                            "answers /classify, /score and /rerank, not embeddings",
                            param="model")  # fmt: skip
-        if info.pooling != "last":
-            raise ApiError(400, f"this model's embeddings are pooled by {info.pooling!r}; "
-                           "Turnstile computes last-token pooling only", param="model")  # fmt: skip
+        self.pooled.check_pooling()
         width = self._width(request.dimensions)
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))
         prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]

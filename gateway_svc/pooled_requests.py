@@ -94,6 +94,14 @@ class PooledRequests:
         await self.models.find(model)
         return self.models.lora(model)
 
+    def check_pooling(self) -> None:
+        """Refuses embeddings pooled otherwise than the executor pools them: a decoder's last
+        token (an encoder's pooling was checked at start)."""
+        if not self.info.encoder_only and self.info.pooling != "last":
+            raise ApiError(400, f"this model's embeddings are pooled by {self.info.pooling!r}; "
+                           "Turnstile computes a decoder's last-token pooling only",
+                           param="model")  # fmt: skip
+
     async def tokenized(self, work: Callable[[], T]) -> T:
         """`work()` on a tokenizer thread: a long text must not stall the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenizing, work)
@@ -124,10 +132,12 @@ class PooledRequests:
         return prompts
 
     async def vectors(
-        self, prompts: list[list[int]], lora: LoraRef | None, usage: dict[str, Any], param: str
-    ) -> list[np.ndarray]:
+        self, prompts: list[list[int]], lora: LoraRef | None, usage: dict[str, Any], param: str,
+        seconds: list[int] | None = None,
+    ) -> list[np.ndarray]:  # fmt: skip
         """Each prompt's pooled vector (`info.pooled_size` floats); `usage` counts the prompt
-        tokens and those found cached."""
+        tokens and those found cached. `seconds`: where each prompt's second text starts, an
+        encoder's pairs' (`SamplingParams.second_text`)."""
         for i, ids in enumerate(prompts):
             if not 0 < len(ids) < self.max_model_len:
                 raise ApiError(400, f"input {i} has {len(ids)} tokens: an input takes 1 to "
@@ -138,7 +148,11 @@ class PooledRequests:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         usage["prompt_tokens"] = sum(map(len, prompts))
         metrics.GATEWAY_PROMPT_TOKENS.inc(usage["prompt_tokens"])
-        streams = [self.engine.submit(_pooled_request(ids, lora)) for ids in prompts]
+        seconds = seconds or [-1] * len(prompts)
+        streams = [
+            self.engine.submit(_pooled_request(ids, lora, second))
+            for ids, second in zip(prompts, seconds, strict=True)
+        ]
         try:
             vectors = []
             for stream in streams:
@@ -163,8 +177,9 @@ class PooledRequests:
         return vector, event.cached_tokens
 
 
-def _pooled_request(ids: list[int], lora: LoraRef | None) -> AddRequest:
+def _pooled_request(ids: list[int], lora: LoraRef | None, second: int) -> AddRequest:
     """One prompt for the scheduler: computed (with the adapter `lora`), one token sampled and
     dropped."""
-    return AddRequest(req_id=0, prompt_ids=pack_ids(ids), max_tokens=1, sampling=POOLED,
+    sampling = POOLED if second < 0 else SamplingParams(embed=True, second_text=second)
+    return AddRequest(req_id=0, prompt_ids=pack_ids(ids), max_tokens=1, sampling=sampling,
                       ignore_eos=True, lora=lora)  # fmt: skip

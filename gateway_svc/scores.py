@@ -169,21 +169,27 @@ class Scores:
                            "(/classify gives each label's)", param="model")  # fmt: skip
         queries = firsts * len(seconds) if len(firsts) == 1 else firsts
         pairs = list(zip(queries, seconds, strict=True))
-        prompts = await self.pooled.tokenized(partial(self._pair_prompts, pairs, variables))
-        prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
-        logits = await self.pooled.vectors(prompts, lora, usage, "documents")
+        whole = await self.pooled.tokenized(partial(self._pair_prompts, pairs, variables))
+        limit = self.pooled.max_model_len
+        prompts = truncated([ids for ids, _ in whole], request, limit)  # type: ignore[arg-type]
+        seconds = None  # where each prompt's type-1 tokens start, where the model types tokens
+        if self.info.token_types > 1:  # shifted by what truncation cut from the left
+            seconds = [second if second < 0 else max(0, second - len(ids) + len(kept))
+                       for (ids, second), kept in zip(whole, prompts, strict=True)]  # fmt: skip
+        logits = await self.pooled.vectors(prompts, lora, usage, "documents", seconds)
         return [float(activated(row, self.info, request.use_activation)[0]) for row in logits]
 
     def _pair_prompts(
         self, pairs: list[tuple[str, str]], variables: dict[str, Any]
-    ) -> list[list[int]]:
+    ) -> list[tuple[list[int], int]]:
         """Each pair's prompt: written by --chat-template's template, tokenized as a pair, or
-        (an LLM reranker's) joined as one text."""
+        (an LLM reranker's) joined as one text; with where its second text's tokens start where
+        the tokenizer types them (`Tokenizer.encode_pair`), else -1."""
         if self.tokenizer.given_template:
-            return [self.pooled.encoded(self._written(a, b, variables), "documents")
+            return [(self.pooled.encoded(self._written(a, b, variables), "documents"), -1)
                     for a, b in pairs]  # fmt: skip
         if not self.info.pair_separately:
-            return [self.pooled.encoded(a + b, "documents") for a, b in pairs]
+            return [(self.pooled.encoded(a + b, "documents"), -1) for a, b in pairs]
         for a, b in pairs:
             self.pooled.fits(a + b, "documents")
         return [self.tokenizer.encode_pair(a, b) for a, b in pairs]
@@ -200,9 +206,7 @@ class Scores:
         lora: LoraRef | None, usage: dict[str, Any],
     ) -> list[float]:  # fmt: skip
         """The cosine of each pair's embeddings, each text embedded alone."""
-        if self.info.pooling != "last":
-            raise ApiError(400, f"this model's embeddings are pooled by {self.info.pooling!r}; "
-                           "Turnstile computes last-token pooling only", param="model")  # fmt: skip
+        self.pooled.check_pooling()
         texts = firsts + seconds
         encode = self.pooled.encoded
         prompts = await self.pooled.tokenized(lambda: [encode(t, "documents") for t in texts])

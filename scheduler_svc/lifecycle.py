@@ -44,9 +44,7 @@ class RequestLifecycle:
         self.vocab_size = vocab_size
         self.by_priority = config.scheduling.policy == "priority"
         self.admission = admission_for(config)
-        self.pool = BlockPool(
-            config.num_blocks, config.block_size, config.scheduling.enable_prefix_caching
-        )
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.prefix_caching)
         self.batch = RunningBatch(config.max_num_seqs, config.max_model_len, config.block_size)
         self.prefix_cache = PrefixCache(self.pool, self.batch)
         self.waiting = PriorityQueue() if self.by_priority else FcfsQueue()
@@ -130,9 +128,7 @@ class RequestLifecycle:
         running = [req for req in released if req.status is Status.RUNNING]
         self.stats.num_preemptions += len(running)
         self.padding = set()
-        self.pool = BlockPool(
-            num_blocks, self.config.block_size, self.config.scheduling.enable_prefix_caching
-        )
+        self.pool = BlockPool(num_blocks, self.config.block_size, self.config.prefix_caching)
         self.batch = RunningBatch(
             self.config.max_num_seqs, self.config.max_model_len, self.config.block_size
         )

@@ -19,7 +19,7 @@ def preempt_for_higher_priority(
         worst = int(rows[batch.rank[rows].argmax()])
         if head.rank(by_priority=True) >= batch.rank[worst]:
             return
-        scheduled = split_budget(batch.wanted(rows), budget)
+        scheduled = split_budget(batch.wanted(rows), budget, config.whole_prompts)
         room = budget - int(scheduled.sum())
         if room <= 0:
             return

@@ -113,7 +113,7 @@ class Scheduler:
 
     def schedule(self) -> BatchPlan:
         self.step += 1
-        budget = self.config.scheduling.max_num_batched_tokens
+        budget = self.config.token_budget
         if self.config.sliding_window:
             for blocks in self.batch.release_behind(self.config.sliding_window):
                 self.pool.release(blocks)
@@ -177,7 +177,7 @@ class Scheduler:
         """Any step: split the budget, grant blocks, preempt when they run out."""
         batch = self.batch
         computed = batch.num_computed[rows]
-        scheduled = split_budget(batch.wanted(rows), budget)
+        scheduled = split_budget(batch.wanted(rows), budget, self.config.whole_prompts)
         if drafts is not None:
             drafts = drafts.fit(rows, scheduled, budget - int(scheduled.sum()))
         need = batch.blocks_needed(rows, scheduled)
@@ -220,6 +220,8 @@ class Scheduler:
             cached = [] if wants_all else self.lifecycle.prefix_cache.lookup(req)
             num_cached = len(cached) * block_size
             count = min(len(req.token_ids) - num_cached, budget)
+            if self.config.whole_prompts and count < len(req.token_ids) - num_cached:
+                break  # an encoder's prompt: in the next step, whole
             need = cdiv(num_cached + count, block_size) - len(cached)
             idle_cached = sum(1 for block in cached if self.pool.ref_count[block] == 0)
             if need + idle_cached > self.pool.num_free:

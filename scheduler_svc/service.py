@@ -45,7 +45,6 @@ PROBE_DELAY = 0.2  # a second probe, in case the first ran before the peer's pip
 class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
-        path = config.engine.model_path
         self.model = config.engine.model_info()
         gateway_address, executors_address = scheduler_addresses(config.addresses)
         self.gateways = GatewayLink(gateway_address)
@@ -53,7 +52,7 @@ class SchedulerService:
             executors_address,
             config.engine.block_size,
             config.engine.max_num_seqs,
-            served_name(path),
+            served_name(config.engine.model_path),
             self.model.vocab_size,
             config.engine.tensor_parallel_size,
         )
@@ -217,6 +216,7 @@ class SchedulerService:
                     sliding_window=self.model.kv_window,
                     max_loras=hello.max_loras,
                     max_logprobs=engine.max_logprobs,
+                    whole_prompts=self.model.encoder_only,
                 ),
                 eos_token_ids=self.model.all_eos_token_ids,
                 vocab_size=self.model.vocab_size,

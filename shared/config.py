@@ -200,10 +200,24 @@ class SchedulerConfig:
     # none.
     max_loras: int = 0
     max_logprobs: int = 20  # the engine's `--max-logprobs`; -1: the vocabulary's size
+    # An encoder's (`ModelInfo.encoder_only`): each prompt computed in one step, never in
+    # chunks, and never from a cached prefix (every token attends the whole prompt).
+    whole_prompts: bool = False
 
     @property
     def enable_lora(self) -> bool:
         return self.max_loras > 0
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.scheduling.enable_prefix_caching and not self.whole_prompts
+
+    @property
+    def token_budget(self) -> int:
+        """The tokens a step may compute; an encoder's, raised to its longest prompt where
+        --max-num-batched-tokens is less (as vLLM raises it), or that prompt would never run."""
+        budget = self.scheduling.max_num_batched_tokens
+        return max(budget, self.max_model_len) if self.whole_prompts else budget
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:

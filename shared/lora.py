@@ -92,6 +92,8 @@ def adapters(config: LoraConfig, info: ModelInfo) -> list[Adapter]:
         for flag in (flag for flag, value in given.items() if value):
             raise ValueError(f"{flag} needs --enable-lora")
         return []
+    if info.encoder_only:
+        raise ValueError(f"--enable-lora: {info.name} is an encoder; LoRA adapters run on decoders")
     folder = config.lora_resolver_cache_dir
     if folder is not None and not config.allow_runtime_lora_updating:
         raise ValueError("--lora-resolver-cache-dir needs --allow-runtime-lora-updating")

@@ -15,6 +15,7 @@ import msgspec
 from turnstile.shared import gguf_info, model_support, pooling
 from turnstile.shared.checkpoint_quantization import checkpoint_quantization
 from turnstile.shared.derived_files import derived_path, write_derived
+from turnstile.shared.encoder_support import check_encoder_pooling, encoder_fields, is_encoder
 from turnstile.shared.gguf_info import gguf_fields
 from turnstile.shared.model_support import (
     UnsupportedModel,
@@ -155,6 +156,13 @@ class ModelInfo:
     # --runner's: "generate" or "pooling" serves only those requests; "auto" both (a sequence
     # classifier only pooling ones).
     runner: str = "auto"
+    # An encoder (BERT, RoBERTa, XLM-RoBERTa: `encoder_support.py`): every token attends its whole
+    # sequence, so prompts run whole and nothing is generated; positions offset (RoBERTa's
+    # padding index + 1); its token type embeddings (a pair's second text is type 1).
+    encoder_only: bool = False
+    position_offset: int = 0
+    token_types: int = 0
+    layer_norm_eps: float = 0.0
     # A GPTQ, AWQ, fp8 or compressed-tensors checkpoint's (`checkpoint_quantization.py`):
     quantization: str = ""  # "" for float weights
     weight_type: str = ""  # "int" (packed or int8 codes), "float" (fp8), "nf4", "fp4", "mxfp4"
@@ -239,6 +247,8 @@ def folder_chat_template(path: Path) -> str | None:
 
 def _from_hf_directory(path: Path, overrides: dict[str, Any]) -> ModelInfo:
     config = json.loads((path / "config.json").read_text()) | overrides
+    if is_encoder(config):
+        return _encoder_info(path, config)
     check_hf_config(config, f"{path.name}/config.json")
     generation_file = path / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
@@ -275,3 +285,11 @@ def _from_hf_directory(path: Path, overrides: dict[str, Any]) -> ModelInfo:
         **hf_classifier(config, f"{path.name}/config.json", path),
         **checkpoint_quantization(config, f"{path.name}/config.json"),
     )
+
+
+def _encoder_info(path: Path, config: dict[str, Any]) -> ModelInfo:
+    source = f"{path.name}/config.json"
+    fields = encoder_fields(config, source) | hf_pooling(path, config)
+    fields |= hf_classifier(config, source, path)
+    check_encoder_pooling(fields, source)
+    return ModelInfo(name=path.name, **fields)

@@ -234,67 +234,67 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     """Refuse a config.json asking for what the executor does not compute, naming the field."""
     family = config.get("model_type")
     if family not in FAMILIES:
-        _refuse(source, "model_type", family, f"supported: {', '.join(FAMILIES)}")
+        refuse(source, "model_type", family, f"supported: {', '.join(FAMILIES)}")
     for name in [a for a in config.get("architectures") or () if not str(a).endswith(HEADS)]:
-        _refuse(source, "architectures", name, f"supported: *{', *'.join(HEADS)}")
+        refuse(source, "architectures", name, f"supported: *{', *'.join(HEADS)}")
     if activation(config) not in ACTIVATIONS:
-        _refuse(source, "hidden_act", activation(config), f"supported: {', '.join(ACTIVATIONS)}")
+        refuse(source, "hidden_act", activation(config), f"supported: {', '.join(ACTIVATIONS)}")
     rope, local = rope_parameters(config)
     if rope_type(rope) not in ROPE_TYPES:
-        _refuse(source, "rope_scaling.rope_type", rope_type(rope),
+        refuse(source, "rope_scaling.rope_type", rope_type(rope),
                 f"supported: {', '.join(ROPE_TYPES)}")  # fmt: skip
     if rope_type(rope) in NEEDS_ORIGINAL and ORIGINAL not in rope:
-        _refuse(source, f"rope_scaling.{ORIGINAL}", None, f"{rope_type(rope)} RoPE needs it")
+        refuse(source, f"rope_scaling.{ORIGINAL}", None, f"{rope_type(rope)} RoPE needs it")
     if local is not None and rope_type(local) != "default":
-        _refuse(source, "rope_parameters.sliding_attention.rope_type", rope_type(local),
+        refuse(source, "rope_parameters.sliding_attention.rope_type", rope_type(local),
                 "sliding layers' RoPE: default only")  # fmt: skip
     if config.get("use_bidirectional_attention"):
-        _refuse(source, "use_bidirectional_attention", True, "not implemented")
+        refuse(source, "use_bidirectional_attention", True, "not implemented")
     if rotary_dim(config) % 2:
-        _refuse(source, "partial_rotary_factor", partial_rotary_factor(config),
+        refuse(source, "partial_rotary_factor", partial_rotary_factor(config),
                 "RoPE on an odd number of a head's dims")  # fmt: skip
     for kind in config.get("layer_types") or ():
         if kind not in LAYER_TYPES:
-            _refuse(source, "layer_types", kind, f"supported: {', '.join(LAYER_TYPES)}")
+            refuse(source, "layer_types", kind, f"supported: {', '.join(LAYER_TYPES)}")
     if family not in BIAS_FAMILIES and config.get("attention_bias"):
-        _refuse(source, "attention_bias", True, "biases on q, k, v and o are not implemented")
+        refuse(source, "attention_bias", True, "biases on q, k, v and o are not implemented")
     if config.get("mlp_bias"):
-        _refuse(source, "mlp_bias", True, "MLP biases are not implemented")
+        refuse(source, "mlp_bias", True, "MLP biases are not implemented")
 
 
 def check_gguf_fields(arch: str, field: Callable[[str], Any], source: str) -> None:
     """Refuse a GGUF file whose metadata (`field(key)`, None where absent) asks for what the
     executor does not compute."""
     if arch not in GGUF_ARCHITECTURES:
-        _refuse(source, "general.architecture", arch,
+        refuse(source, "general.architecture", arch,
                 f"supported: {', '.join(GGUF_ARCHITECTURES)}")  # fmt: skip
     scaling = field(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none", "linear", "yarn"):
-        _refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear, yarn")
+        refuse(source, f"{arch}.rope.scaling.type", scaling, "supported: none, linear, yarn")
     if scaling == "yarn" and field(f"{arch}.rope.scaling.original_context_length") is None:
-        _refuse(source, f"{arch}.rope.scaling.original_context_length", None, "yarn needs it")
+        refuse(source, f"{arch}.rope.scaling.original_context_length", None, "yarn needs it")
     # llama.cpp's yarn settings beyond transformers' (DeepSeek's mscale among them)
     for key, default in (("yarn_log_multiplier", 0.0), ("yarn_ext_factor", -1.0),
                          ("yarn_attn_factor", 1.0)):  # fmt: skip
         value = field(f"{arch}.rope.scaling.{key}")
         if value not in (None, default):
-            _refuse(source, f"{arch}.rope.scaling.{key}", value, "not implemented")
+            refuse(source, f"{arch}.rope.scaling.{key}", value, "not implemented")
     shared = field(f"{arch}.expert_shared_count")
     if shared:
-        _refuse(source, f"{arch}.expert_shared_count", shared, "shared experts: not implemented")
+        refuse(source, f"{arch}.expert_shared_count", shared, "shared experts: not implemented")
     gating = field(f"{arch}.expert_gating_func")
     if gating not in (None, SOFTMAX_GATING):
-        _refuse(source, f"{arch}.expert_gating_func", gating, "softmax routing only")
+        refuse(source, f"{arch}.expert_gating_func", gating, "softmax routing only")
     rotated = field(f"{arch}.rope.dimension_count")
     if rotated is None:
         return
     heads = field(f"{arch}.attention.head_count")
     head_dim = field(f"{arch}.attention.key_length") or field(f"{arch}.embedding_length") // heads
     if rotated != head_dim and (arch in PERMUTED_ARCHITECTURES or rotated % 2):
-        _refuse(source, f"{arch}.rope.dimension_count", rotated,
+        refuse(source, f"{arch}.rope.dimension_count", rotated,
                 f"RoPE on part of a head ({head_dim} dims) of a {arch} file (whose whole heads "
                 "are permuted), or on an odd number of dims: not implemented")  # fmt: skip
 
 
-def _refuse(source: str, field: str, value: object, why: str) -> None:
+def refuse(source: str, field: str, value: object, why: str) -> None:
     raise UnsupportedModel(f"{source}: {field} = {value!r} is not supported ({why})")

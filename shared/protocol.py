@@ -69,6 +69,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     # An embeddings request's: the hidden state of its last prompt token (after the final
     # norm) comes back with its first token, as an `Embedding`.
     embed: bool = False
+    # An encoder's pair (BERT's cross-encoders): the prompt position where the second text
+    # starts, its tokens' type 1 (the first's 0); -1: one text, every token's type 0.
+    second_text: int = -1
 
 
 class Embedding(msgspec.Struct, array_like=True, frozen=True):

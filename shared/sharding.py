@@ -12,6 +12,9 @@ class ShardingError(ValueError):
 
 def check_sharding(info: ModelInfo, size: int) -> None:
     """Refuse, by name, a model `size` ranks cannot split evenly."""
+    if info.encoder_only and size > 1:
+        raise ShardingError(f"--tensor-parallel-size {size}: {info.name} is an encoder, which "
+                            "runs on one rank")  # fmt: skip
     if info.qk_norm == "all" and size > 1:  # each rank would norm over its own heads only
         raise ShardingError(f"--tensor-parallel-size {size}: q and k normed across all their "
                             "heads (OLMo 2) are not split")  # fmt: skip

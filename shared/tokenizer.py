@@ -102,10 +102,13 @@ class Tokenizer:
         # long prompt leaves its event loop running.
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def encode_pair(self, first: str, second: str) -> list[int]:
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], int]:
         """Two texts joined as the tokenizer joins a pair, with its special tokens (transformers'
-        `tokenizer(text, text_pair)`): a cross-encoder's prompt."""
-        return self.backend.encode_batch([(first, second)], add_special_tokens=True)[0].ids
+        `tokenizer(text, text_pair)`): a cross-encoder's prompt, and where the tokens it types 1
+        start (BERT's second text), -1 where it types none."""
+        encoding = self.backend.encode_batch([(first, second)], add_special_tokens=True)[0]
+        types = encoding.type_ids
+        return encoding.ids, types.index(1) if 1 in types else -1
 
     def clipped(self, text: str, limit: int) -> str:
         """The text cut after its `limit`-th token (`limit` >= 1; special tokens aside) at that

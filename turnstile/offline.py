@@ -61,6 +61,7 @@ class OfflineEngine:
                 sliding_window=self.runner.info.kv_window,
                 max_loras=self.runner.max_loras,
                 max_logprobs=runner_config.engine.max_logprobs,
+                whole_prompts=self.runner.info.encoder_only,
             ),
             eos_token_ids=self.runner.info.all_eos_token_ids,
             vocab_size=self.runner.info.vocab_size,

@@ -28,6 +28,7 @@ from turnstile.executor_svc.backends.packed_projection import (
 from turnstile.executor_svc.backends.tiled_experts import TiledExperts
 from turnstile.executor_svc.backends.torch_reference import TORCH_ATTENTION
 from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.executor_svc.model.encoder import EncoderModel
 from turnstile.executor_svc.model.experts import (
     BlockExpertWeights,
     ExpertWeights,
@@ -178,8 +179,12 @@ class CpuNativeBackend(Backend):
             return super().rms_norm(x, weight, eps)
         return cpu_native.rms_norm(x, weight, eps)
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
+    def bind(
+        self, model: LlamaModel | EncoderModel, kv_caches: KVCaches, lora: LoraWeights | None = None
+    ) -> None:
         super().bind(model, kv_caches, lora)
+        if isinstance(model, EncoderModel):
+            return  # its layers are its own, through the projections packed here
         if model.tp.size == 1 and NativeDecode.supports(model.info, model.layers):  # whole layers
             self._native = NativeDecode(
                 model.info, model.layers, model.rotations[0], self.attention_tiles

@@ -15,6 +15,7 @@ import torch
 from turnstile.executor_svc.backend import Backend, DeviceStep, KVCaches
 from turnstile.executor_svc.backends.cuda_graphs import DecodeGraphs, capture_sizes
 from turnstile.executor_svc.model.attention import PagedAttention
+from turnstile.executor_svc.model.encoder import EncoderModel
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
 from turnstile.executor_svc.runner_config import RunnerConfig
@@ -43,8 +44,12 @@ class CudaBackend(Backend):
     def default_dtype(self) -> str:
         return "bfloat16"
 
-    def bind(self, model: LlamaModel, kv_caches: KVCaches, lora: LoraWeights | None = None) -> None:
+    def bind(
+        self, model: LlamaModel | EncoderModel, kv_caches: KVCaches, lora: LoraWeights | None = None
+    ) -> None:
         super().bind(model, kv_caches, lora)
+        if isinstance(model, EncoderModel):
+            return  # no decode steps to capture
         eager = self.config.executor.enforce_eager or model.tp.size > 1  # not captured yet
         if self.device.type == "cuda" and not eager:
             engine = self.config.engine

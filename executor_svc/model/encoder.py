@@ -1,0 +1,181 @@
+"""An encoder-only transformer (BERT, RoBERTa, XLM-RoBERTa: `shared/encoder_support.py`). Every
+token attends its whole sequence, so a step computes each prompt whole (the scheduler gives it
+whole) and keeps no KV cache. Its answer is one vector a sequence: the final hidden states
+pooled (CLS, mean or last, as the model's sentence-transformers config says), or a classifier's
+labels' logits of its CLS state (BERT's pooler and classifier, RoBERTa's classification head:
+each a tanh layer, then the labels' layer). Post-norm layers, as transformers computes them:
+LayerNorm(x + attention(x)), then LayerNorm(x + MLP(x))."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from turnstile.executor_svc.model.layer_weights import Weight
+from turnstile.executor_svc.model.projection import Projection, ProjectionFactory
+from turnstile.shared.model_info import ModelInfo
+
+Tensor = torch.Tensor
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+# Where a checkpoint keeps the encoder: a bare one's names have no prefix.
+PREFIXES = ("bert.", "roberta.", "")
+
+
+@dataclass(slots=True, frozen=True)
+class EncoderBatch:
+    """A step's sequences, each whole: each token's sequence, the sequences' offsets into the
+    step's tokens, the longest one's length (known to the host), each token's type (a pair's
+    second text: 1) where any has one."""
+
+    rows: Tensor  # [tokens]
+    starts: Tensor  # [sequences + 1]
+    longest: int
+    token_types: Tensor | None
+
+
+@dataclass(slots=True, frozen=True)
+class EncoderLayer:
+    qkv: Projection  # q, k and v stacked, with their biases
+    out: Projection  # attention's output projection
+    attention_norm: tuple[Tensor, Tensor]  # LayerNorm's weight and bias
+    up: Projection
+    down: Projection
+    output_norm: tuple[Tensor, Tensor]
+
+
+class EncoderModel:
+    def __init__(
+        self,
+        info: ModelInfo,
+        weights: Mapping[str, Weight],
+        dtype: torch.dtype,
+        activation_dtype: torch.dtype,
+        device: torch.device,
+        projection: ProjectionFactory,
+    ) -> None:
+        """Matrices in `dtype` through the backend's `projection`; embeddings, norms and the
+        classifier's head in `activation_dtype` (the head in float32)."""
+        self.info = info
+        self.activation_dtype = activation_dtype
+        found = [p for p in PREFIXES if f"{p}embeddings.word_embeddings.weight" in weights]
+        if not found:
+            raise ValueError(f"{info.name}: no encoder weights (embeddings.word_embeddings)")
+        prefix = found[0]
+
+        def take(name: str, as_dtype: torch.dtype = activation_dtype) -> Tensor:
+            return weights[name].to(device=device, dtype=as_dtype).contiguous()  # type: ignore[union-attr]
+
+        def norm(name: str) -> tuple[Tensor, Tensor]:
+            return take(f"{name}.weight"), take(f"{name}.bias")
+
+        def linear(name: str) -> Projection:
+            return projection(take(f"{name}.weight", dtype), take(f"{name}.bias", dtype))
+
+        embeddings = prefix + "embeddings."
+        self.word = take(embeddings + "word_embeddings.weight")
+        self.position = take(embeddings + "position_embeddings.weight")
+        types = embeddings + "token_type_embeddings.weight"
+        self.types = take(types) if types in weights else None
+        self.embedding_norm = norm(embeddings + "LayerNorm")
+        self.layers = []
+        for i in range(info.num_layers):
+            layer = f"{prefix}encoder.layer.{i}."
+            attention = layer + "attention."
+            qkv = [f"{attention}self.{p}" for p in ("query", "key", "value")]
+            stacked = torch.cat([weights[f"{name}.weight"] for name in qkv])  # type: ignore[misc]
+            bias = torch.cat([weights[f"{name}.bias"] for name in qkv])  # type: ignore[misc]
+            self.layers.append(
+                EncoderLayer(
+                    qkv=projection(stacked.to(device=device, dtype=dtype).contiguous(),
+                                   bias.to(device=device, dtype=dtype)),
+                    out=linear(attention + "output.dense"),
+                    attention_norm=norm(attention + "output.LayerNorm"),
+                    up=linear(layer + "intermediate.dense"),
+                    down=linear(layer + "output.dense"),
+                    output_norm=norm(layer + "output.LayerNorm"),
+                )
+            )  # fmt: skip
+        self.act = ACTIVATIONS[info.hidden_act]
+        self.head = self._head(weights, prefix, device) if info.labels else None
+
+    @staticmethod
+    def _head(weights: Mapping[str, Weight], prefix: str, device: torch.device) -> list[Tensor]:
+        """A classifier's two layers, in float32: BERT's pooler and classifier, or RoBERTa's
+        classification head's dense and out_proj (weight, bias each)."""
+        if "classifier.out_proj.weight" in weights:
+            names = ("classifier.dense", "classifier.out_proj")
+        else:
+            names = (prefix + "pooler.dense", "classifier")
+        return [
+            weights[f"{name}.{part}"].to(device=device, dtype=torch.float32)  # type: ignore[union-attr]
+            for name in names
+            for part in ("weight", "bias")
+        ]
+
+    def forward(self, input_ids: Tensor, positions: Tensor, batch: EncoderBatch) -> Tensor:
+        """[tokens, hidden]: at each sequence's last token, its pooled state (a classifier's:
+        its CLS state); elsewhere, each token's final state."""
+        eps = self.info.layer_norm_eps
+        hidden = F.embedding(input_ids, self.word)
+        hidden = hidden + F.embedding(positions + self.info.position_offset, self.position)
+        if self.types is not None:
+            types = batch.token_types
+            hidden = hidden + (self.types[0] if types is None else F.embedding(types, self.types))
+        hidden = F.layer_norm(hidden, (hidden.shape[-1],), *self.embedding_norm, eps)
+        heads, head_dim = self.info.num_heads, self.info.head_dim
+        for layer in self.layers:
+            q, k, v = layer.qkv(hidden).view(-1, 3, heads, head_dim).unbind(1)
+            attended = self._attend(q, k, v, positions, batch).reshape(-1, heads * head_dim)
+            hidden = layer.out(attended, hidden)
+            hidden = F.layer_norm(hidden, (hidden.shape[-1],), *layer.attention_norm, eps)
+            hidden = layer.down(self.act(layer.up(hidden)), hidden)
+            hidden = F.layer_norm(hidden, (hidden.shape[-1],), *layer.output_norm, eps)
+        hidden[batch.starts[1:] - 1] = self._pooled(hidden, batch)
+        return hidden
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                batch: EncoderBatch) -> Tensor:  # fmt: skip
+        """Each sequence's tokens attending all of it: [tokens, heads, head_dim]. Sequences
+        padded to the longest, the padding masked out."""
+        count = batch.starts.shape[0] - 1
+        if count == 1:  # one sequence: nothing to pad
+            q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+            return F.scaled_dot_product_attention(q, k, v).transpose(0, 1)
+        padded = q.new_zeros(3, count, batch.longest, *q.shape[1:])
+        padded[:, batch.rows, positions] = torch.stack((q, k, v))
+        lengths = batch.starts[1:] - batch.starts[:-1]
+        seen = torch.arange(batch.longest, device=q.device) < lengths[:, None]
+        pq, pk, pv = padded.transpose(2, 3).unbind(0)  # [sequences, heads, longest, head_dim]
+        out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=seen[:, None, None, :])
+        return out.transpose(1, 2)[batch.rows, positions]
+
+    def _pooled(self, hidden: Tensor, batch: EncoderBatch) -> Tensor:
+        """Each sequence's pooled state: a classifier's CLS, else the model's pooling."""
+        pooling = "cls" if self.head is not None else self.info.pooling
+        if pooling == "cls":
+            return hidden[batch.starts[:-1]]
+        if pooling == "last":
+            return hidden[batch.starts[1:] - 1]
+        count = batch.starts.shape[0] - 1
+        sums = hidden.new_zeros(count, hidden.shape[1]).index_add_(0, batch.rows, hidden)
+        return sums / (batch.starts[1:] - batch.starts[:-1])[:, None]
+
+    def pooled(self, last: Tensor) -> Tensor:
+        """The vectors of the sequences' pooled states: a classifier's labels' logits."""
+        if self.head is None:
+            return last.float()
+        dense, dense_bias, labels, labels_bias = self.head
+        return F.linear(torch.tanh(F.linear(last.float(), dense, dense_bias)), labels, labels_bias)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """An encoder has no language-model head: the token its requests sample (and drop) is
+        always 0."""
+        return hidden.new_zeros(hidden.shape[0], 1, dtype=torch.float32)

@@ -1,0 +1,107 @@
+"""An encoder's pieces without a stack: the model's batched step against transformers, its
+config read and refused by name, and the scheduler giving each prompt whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from turnstile.bench import random_encoder
+from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
+from turnstile.executor_svc.model.projection import DenseProjection
+from turnstile.scheduler_svc.token_budget import split_budget
+from turnstile.shared.config import SchedulerConfig, SchedulingConfig
+from turnstile.shared.lora import LoraConfig, adapters
+from turnstile.shared.model_info import read_model_info
+from turnstile.shared.model_support import UnsupportedModel
+from turnstile.shared.sharding import ShardingError, check_sharding
+
+LENGTHS = (5, 1, 9)  # three sequences of one step: padded to the longest, one of one token
+
+
+@pytest.fixture(scope="module")
+def xlm_roberta(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_encoder.encoder(tmp_path_factory.mktemp("xlmr"), "XLMRoberta")
+
+
+def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderBatch]:
+    torch.manual_seed(1)
+    ids = torch.randint(3, 512, (sum(lengths),))
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    starts = torch.tensor([0, *np.cumsum(lengths)])
+    return ids, positions, EncoderBatch(rows, starts, max(lengths), None)
+
+
+def test_sequences_of_one_step_each_attend_only_themselves(xlm_roberta: Path) -> None:
+    """XLM-R's CLS pooling (its default: no sentence-transformers modules), positions past its
+    padding index, sequences of different lengths in one step."""
+    import transformers
+    from safetensors.torch import load_file
+
+    info = read_model_info(xlm_roberta)
+    assert (info.encoder_only, info.pooling, info.position_offset, info.max_model_len) == (
+        True, "cls", 2, 512,
+    )  # fmt: skip
+    weights = load_file(xlm_roberta / "model.safetensors")
+    cpu = torch.device("cpu")
+    model = EncoderModel(info, weights, torch.float32, torch.float32, cpu, DenseProjection)
+    ids, positions, batch = step(LENGTHS)
+    with torch.inference_mode():
+        hidden = model.forward(ids, positions, batch)
+    reference = transformers.AutoModel.from_pretrained(xlm_roberta, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for sequence, end in zip(ids.split(LENGTHS), batch.starts[1:].tolist(), strict=True):
+            cls = reference(sequence[None]).last_hidden_state[0, 0]
+            torch.testing.assert_close(hidden[end - 1], cls, atol=2e-5, rtol=0)
+
+
+def write_config(folder: Path, **changed: object) -> Path:
+    config = json.loads((folder / "config.json").read_text()) | changed
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ({"architectures": ["BertForMaskedLM"]}, "architectures"),
+        ({"hidden_act": "silu"}, "hidden_act"),
+        ({"is_decoder": True}, "is_decoder"),
+    ],
+)
+def test_an_encoder_asking_for_what_is_not_computed_is_refused_by_name(
+    tmp_path: Path, changed: dict, named: str
+) -> None:
+    folder = write_config(random_encoder.encoder(tmp_path), **changed)
+    with pytest.raises(UnsupportedModel, match=named):
+        read_model_info(folder)
+
+
+def test_an_embedder_pooled_by_max_is_refused_and_settings_it_cannot_take_are_too(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(UnsupportedModel, match="pooling 'max'"):
+        read_model_info(random_encoder.encoder(tmp_path / "max", pooling="max"))
+    info = read_model_info(random_encoder.encoder(tmp_path / "mean", pooling="mean"))
+    assert (info.pooling, info.normalize_embeddings, info.token_types) == ("mean", True, 2)
+    with pytest.raises(ShardingError, match="encoder"):
+        check_sharding(info, 2)
+    with pytest.raises(ValueError, match="encoder"):
+        adapters(LoraConfig(enable_lora=True), info)
+
+
+def test_an_encoders_prompts_are_scheduled_whole_or_not_at_all() -> None:
+    want = np.array([1, 50, 40, 30])  # a decode, then three prompts
+    np.testing.assert_array_equal(split_budget(want, 100), [1, 50, 40, 9])
+    np.testing.assert_array_equal(split_budget(want, 100, whole=True), [1, 50, 40, 0])
+    config = SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=512,
+                             scheduling=SchedulingConfig(max_num_batched_tokens=256),
+                             whole_prompts=True)  # fmt: skip
+    assert config.token_budget == 512  # the longest prompt fits a step
+    assert not config.prefix_caching  # each prompt computed from its first token

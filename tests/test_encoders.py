@@ -1,0 +1,162 @@
+"""Encoder-only models (BERT, XLM-RoBERTa) through real stacks, on tiny random ones
+(`bench/random_encoder.py`) held to transformers: a BERT embedder (sentence-transformers' mean
+pooling, normalized) through the official openai client and /score; a BERT cross-encoder, whose
+pairs' second texts are typed 1, through /rerank and /score (truncated from the left too); an
+XLM-RoBERTa classifier of three labels (positions past its padding index, RoBERTa's head)
+through /classify. Each prompt runs whole: the steps here hold fewer tokens than the prompts
+sent together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import requests
+
+from turnstile.bench import random_encoder
+from turnstile.bench.server_process import Server, launched_server
+
+pytestmark = pytest.mark.slow  # starts stacks
+
+TEXTS = [" ".join(f"w{i}" for i in range(10, 90)), "w5 w6 w7", " ".join(f"w{i}" for i in range(100, 170))]
+QUERY = "w5 w6 w7 w8"
+DOCS = ["w8 w9", " ".join(f"w{i}" for i in range(20, 90)), "w5 w6", "w40 w41 w42"]
+LABELS = ("negative", "neutral", "positive")
+# Steps of 128 tokens: the first and third texts (82, 72 tokens) cannot share one.
+STACK = ("--dtype", "float32", "--max-num-seqs", "4", "--max-model-len", "128",
+         "--max-num-batched-tokens", "128")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    made = tmp_path_factory.mktemp("encoders")
+    return {
+        "embedder": random_encoder.encoder(made / "embedder", pooling="mean"),
+        "cross": random_encoder.encoder(made / "cross", head="ForSequenceClassification",
+                                        num_labels=1),
+        "classifier": random_encoder.encoder(made / "classifier", "XLMRoberta",
+                                             "ForSequenceClassification",
+                                             id2label=dict(enumerate(LABELS))),
+    }  # fmt: skip
+
+
+def served(folder: Path, name: str) -> Iterator[Server]:
+    with launched_server("--model", str(folder), "--served-model-name", name, *STACK) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def embedder(folders: dict[str, Path]) -> Iterator[Server]:
+    yield from served(folders["embedder"], "embedder")
+
+
+@pytest.fixture(scope="module")
+def cross(folders: dict[str, Path]) -> Iterator[Server]:
+    yield from served(folders["cross"], "cross")
+
+
+def post(server: Server, path: str, body: dict) -> requests.Response:
+    return requests.post(f"{server.url}{path}", json=body, timeout=60)
+
+
+def hf(folder: Path, kind: str) -> tuple:
+    import torch
+    import transformers
+
+    model = getattr(transformers, kind).from_pretrained(folder, dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def mean_pooled(folder: Path, texts: list[str]) -> np.ndarray:
+    """sentence-transformers' vectors: the final states' mean, normalized."""
+    import torch
+
+    model, tokenizer = hf(folder, "AutoModel")
+    with torch.no_grad():
+        rows = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].mean(0)
+                for text in texts]  # fmt: skip
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+def test_a_bert_embedders_vectors_are_sentence_transformers_mean_pooled(
+    folders: dict[str, Path], embedder: Server
+) -> None:
+    client = openai.OpenAI(base_url=f"{embedder.url}/v1", api_key="x", max_retries=0)
+    answer = client.embeddings.create(model="embedder", input=TEXTS)
+    got = np.array([item.embedding for item in answer.data])
+    np.testing.assert_allclose(got, mean_pooled(folders["embedder"], TEXTS), atol=2e-5)
+    assert answer.usage.prompt_tokens == sum(len(t.split()) + 2 for t in TEXTS)  # [CLS], [SEP]
+    scores = post(embedder, "/score", {"queries": QUERY, "documents": DOCS[:2]}).json()
+    vectors = mean_pooled(folders["embedder"], [QUERY, *DOCS[:2]])
+    expected = vectors[1:] @ vectors[0]
+    np.testing.assert_allclose([r["score"] for r in scores["data"]], expected, atol=2e-5)
+
+
+def test_an_encoder_generates_nothing_and_refuses_a_prompt_past_its_context(
+    embedder: Server,
+) -> None:
+    for path, body in (("/v1/completions", {"prompt": "w5", "max_tokens": 2}),
+                       ("/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "w5"}]})):  # fmt: skip
+        answer = post(embedder, path, {"model": "embedder", **body})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
+        assert "encoder" in answer.json()["error"]["message"]
+    long = " ".join(f"w{i}" for i in range(10, 200))
+    answer = post(embedder, "/v1/embeddings", {"model": "embedder", "input": long})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input"
+
+
+def cross_logits(folder: Path, pairs: list[tuple[str, str]], keep: int = 0) -> np.ndarray:
+    """transformers' logit of each pair as BERT's tokenizer types it; with `keep`, of its last
+    `keep` tokens (and their types)."""
+    import torch
+
+    model, tokenizer = hf(folder, "AutoModelForSequenceClassification")
+    rows = []
+    with torch.no_grad():
+        for pair in pairs:
+            encoded = tokenizer(*pair, return_tensors="pt")
+            assert encoded["token_type_ids"].any()  # the second text typed 1
+            if keep:
+                encoded = {name: value[:, -keep:] for name, value in encoded.items()}
+            rows.append(model(**encoded).logits[0, 0])
+    return torch.stack(rows).numpy()
+
+
+def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
+    folders: dict[str, Path], cross: Server
+) -> None:
+    pairs = [(QUERY, doc) for doc in DOCS]
+    expected = 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs)))
+    answer = post(cross, "/rerank", {"model": "cross", "query": QUERY, "documents": DOCS})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-expected))
+    got = {r["index"]: r["relevance_score"] for r in results}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=2e-5)
+    # Each pair cut to its last 5 tokens: the second text still typed 1 (all 5 of the second).
+    short = post(cross, "/score", {"model": "cross", "queries": QUERY, "documents": DOCS[:2],
+                                   "truncate_prompt_tokens": 5}).json()  # fmt: skip
+    kept = 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs[:2], keep=5)))
+    np.testing.assert_allclose([r["score"] for r in short["data"]], kept, atol=2e-5)
+
+
+def test_an_xlm_roberta_classifier_classifies_as_transformers(folders: dict[str, Path]) -> None:
+    import torch
+
+    model, tokenizer = hf(folders["classifier"], "AutoModelForSequenceClassification")
+    with torch.no_grad():
+        logits = [model(**tokenizer(text, return_tensors="pt")).logits[0] for text in TEXTS]
+    expected = torch.softmax(torch.stack(logits), dim=-1).numpy()
+    with launched_server("--model", str(folders["classifier"]), "--served-model-name",
+                         "classifier", *STACK) as server:  # fmt: skip
+        answer = post(server, "/classify", {"model": "classifier", "input": TEXTS})
+        assert answer.status_code == 200, answer.text
+        data = answer.json()["data"]
+        np.testing.assert_allclose([row["probs"] for row in data], expected, atol=2e-5)
+        assert [row["label"] for row in data] == [LABELS[i] for i in expected.argmax(1)]
+        refused = post(server, "/v1/embeddings", {"model": "classifier", "input": "w5"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"

@@ -52,8 +52,10 @@ def encoder(
         "special_tokens": {w: {"id": w, "ids": [int(w[1:])], "tokens": [w]} for w in (first, end)},
     }  # fmt: skip
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if bert else ["input_ids"]
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
+        "model_input_names": inputs,  # BERT's tokenizer gives each token's type
     }))  # fmt: skip
     if pooling is not None:
         (folder / "modules.json").write_text(json.dumps(EMBEDDER_MODULES))

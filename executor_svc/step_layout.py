@@ -52,7 +52,10 @@ class StepLayout:
         if inputs.lora_tokens is not None:
             out["lora_tokens"] = inputs.lora_tokens
         if route == "encoder":  # every row a whole prompt (`SchedulerConfig.whole_prompts`)
-            if inputs.positions[inputs.query_start_loc[:-1]].any():
+            # Whole: from its first token to its last, which samples.
+            if inputs.positions[inputs.query_start_loc[:-1]].any() or len(
+                inputs.sample_rows
+            ) != len(inputs.rows):
                 raise RuntimeError("an encoder's step holds a row that is not a whole prompt")
             rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)
             out |= {"encoder_rows": rows, "encoder_starts": inputs.query_start_loc}

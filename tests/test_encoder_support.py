@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scheduler_harness import Harness
 
 from turnstile.bench import random_encoder
 from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
@@ -18,6 +19,8 @@ from turnstile.shared.config import SchedulerConfig, SchedulingConfig
 from turnstile.shared.lora import LoraConfig, adapters
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
+from turnstile.shared.protocol import unpack_ids
+from turnstile.shared.settings import build
 from turnstile.shared.sharding import ShardingError, check_sharding
 
 LENGTHS = (5, 1, 9)  # three sequences of one step: padded to the longest, one of one token
@@ -105,3 +108,23 @@ def test_an_encoders_prompts_are_scheduled_whole_or_not_at_all() -> None:
                              whole_prompts=True)  # fmt: skip
     assert config.token_budget == 512  # the longest prompt fits a step
     assert not config.prefix_caching  # each prompt computed from its first token
+
+
+@pytest.mark.parametrize("ahead", [0, 1])  # lockstep, async scheduling
+def test_an_encoders_prompts_are_admitted_whole_and_never_from_the_cache(ahead: int) -> None:
+    config = build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=8,
+                   max_num_batched_tokens=16, max_model_len=16, whole_prompts=True)  # fmt: skip
+    harness = Harness(config, {1: 1, 2: 1, 3: 1}, ahead=ahead)
+    shared = list(range(10, 18))  # two blocks, cached once the first request ends
+    harness.add(1, [*shared, 30, 31], max_tokens=1)
+    harness.add(2, [40, 41, 42], max_tokens=1)
+    harness.add(3, [*shared, 50], max_tokens=1)  # 9 tokens: 3 left in the first step
+    first = harness.step()
+    assert [(new.num_computed, new.num_scheduled) for new in first.new] == [(0, 10), (0, 3)]
+    harness.run()
+    later = [new for plan in harness.plans[1:] for new in plan.new]
+    assert [(new.num_computed, new.num_scheduled) for new in later] == [(0, 9)]
+    # Nothing more computed: a request that sampled its one token is only removed (async
+    # scheduling's step planned before that token came back computes none of it).
+    assert len(harness.plans) == 2 + ahead
+    assert not any(unpack_ids(plan.override_counts).any() for plan in harness.plans)

@@ -21,7 +21,8 @@ from turnstile.bench.server_process import Server, launched_server
 
 pytestmark = pytest.mark.slow  # starts stacks
 
-TEXTS = [" ".join(f"w{i}" for i in range(10, 90)), "w5 w6 w7", " ".join(f"w{i}" for i in range(100, 170))]
+TEXTS = [" ".join(f"w{i}" for i in range(10, 90)), "w5 w6 w7",
+         " ".join(f"w{i}" for i in range(100, 170))]  # fmt: skip
 QUERY = "w5 w6 w7 w8"
 DOCS = ["w8 w9", " ".join(f"w{i}" for i in range(20, 90)), "w5 w6", "w40 w41 w42"]
 LABELS = ("negative", "neutral", "positive")

@@ -18,8 +18,8 @@ import pytest
 import torch
 from plan_ahead import answers, scheduler_for
 
-from turnstile.bench import random_llama
-from turnstile.executor_svc import step_in_flight
+from turnstile.bench import random_encoder, random_llama
+from turnstile.executor_svc import model_runner, step_in_flight
 from turnstile.executor_svc.backend import DeviceStep
 from turnstile.executor_svc.model_runner import ModelRunner
 from turnstile.executor_svc.plan_applier import StepInputs
@@ -185,6 +185,33 @@ def test_a_step_verifying_drafts_stays_on_the_device(
     answered = [answer for answer, _ in run_steps(scheduler, launch, ahead=1)]
     assert not any(answer.refused for answer in answered)
     assert scheduler.stats.spec_accepted_tokens > 0 and max(positions) > 0
+
+
+def test_an_encoders_step_stays_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BERT cross-encoder's whole prompts in one step (two pairs, their second texts typed 1,
+    and a text alone): padded attention, pooling, its head; no KV cache."""
+    folder = random_encoder.encoder(tmp_path, head="ForSequenceClassification", num_labels=1)
+    config = build(RunnerConfig, model=str(folder), dtype="bfloat16", device="meta",
+                   backend="cuda", max_num_seqs=8)  # fmt: skip
+    runner = ModelRunner(config)
+    assert runner.kv_caches == [] and runner.info.encoder_only
+    requests = [
+        AddRequest(req_id=i, prompt_ids=pack_ids(list(range(5, 5 + length))), max_tokens=1,
+                   ignore_eos=True, sampling=SamplingParams(embed=True, second_text=second))
+        for i, (length, second) in enumerate([(9, 4), (3, -1), (20, 12)])
+    ]  # fmt: skip
+    scheduler = scheduler_for(runner, requests, max_num_seqs=8, whole_prompts=True)
+    vectors = []
+
+    def embeddings(req_ids: np.ndarray, rows: np.ndarray, pooled: torch.Tensor) -> list:
+        vectors.append(pooled)  # on meta: no values to send
+        return []
+
+    monkeypatch.setattr(model_runner, "embeddings", embeddings)
+    assert not any(answer.refused for answer in answers(scheduler, runner.launch))
+    assert [(v.device.type, tuple(v.shape)) for v in vectors] == [("meta", (3, 1))]
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,15 @@ from turnstile.shared.sharding import ShardingError, check_sharding
 LENGTHS = (5, 1, 9)  # three sequences of one step: padded to the longest, one of one token
 
 
+LABELS = ("negative", "neutral", "positive")
+
+
 @pytest.fixture(scope="module")
 def xlm_roberta(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_encoder.encoder(tmp_path_factory.mktemp("xlmr"), "XLMRoberta")
+    labels = dict(enumerate(LABELS))
+    folder = tmp_path_factory.mktemp("xlmr")
+    head = "ForSequenceClassification"
+    return random_encoder.encoder(folder, "XLMRoberta", head, id2label=labels)
 
 
 def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderBatch]:
@@ -41,26 +47,28 @@ def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderB
 
 
 def test_sequences_of_one_step_each_attend_only_themselves(xlm_roberta: Path) -> None:
-    """XLM-R's CLS pooling (its default: no sentence-transformers modules), positions past its
-    padding index, sequences of different lengths in one step."""
+    """An XLM-R classifier (positions past its padding index, RoBERTa's head on each CLS state)
+    on sequences of different lengths in one step, against transformers' logits."""
     import transformers
     from safetensors.torch import load_file
 
     info = read_model_info(xlm_roberta)
-    assert (info.encoder_only, info.pooling, info.position_offset, info.max_model_len) == (
-        True, "cls", 2, 512,
+    assert (info.encoder_only, info.labels, info.classifier_activation) == (
+        True, LABELS, "softmax",
     )  # fmt: skip
+    assert (info.position_offset, info.max_model_len, info.token_types) == (2, 512, 1)
     weights = load_file(xlm_roberta / "model.safetensors")
     cpu = torch.device("cpu")
     model = EncoderModel(info, weights, torch.float32, torch.float32, cpu, DenseProjection)
     ids, positions, batch = step(LENGTHS)
     with torch.inference_mode():
-        hidden = model.forward(ids, positions, batch)
-    reference = transformers.AutoModel.from_pretrained(xlm_roberta, dtype=torch.float32).eval()
+        logits = model.pooled(model.forward(ids, positions, batch)[batch.starts[1:] - 1])
+    auto = transformers.AutoModelForSequenceClassification
+    reference = auto.from_pretrained(xlm_roberta, dtype=torch.float32).eval()
     with torch.no_grad():
-        for sequence, end in zip(ids.split(LENGTHS), batch.starts[1:].tolist(), strict=True):
-            cls = reference(sequence[None]).last_hidden_state[0, 0]
-            torch.testing.assert_close(hidden[end - 1], cls, atol=2e-5, rtol=0)
+        for row, sequence in enumerate(ids.split(LENGTHS)):
+            expected = reference(sequence[None]).logits[0]
+            torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=0)
 
 
 def write_config(folder: Path, **changed: object) -> Path:
@@ -91,6 +99,8 @@ def test_an_embedder_pooled_by_max_is_refused_and_settings_it_cannot_take_are_to
 ) -> None:
     with pytest.raises(UnsupportedModel, match="pooling 'max'"):
         read_model_info(random_encoder.encoder(tmp_path / "max", pooling="max"))
+    bare = read_model_info(random_encoder.encoder(tmp_path / "bare", "XLMRoberta"))
+    assert (bare.pooling, bare.labels) == ("cls", ())  # vLLM's where nothing says otherwise
     info = read_model_info(random_encoder.encoder(tmp_path / "mean", pooling="mean"))
     assert (info.pooling, info.normalize_embeddings, info.token_types) == ("mean", True, 2)
     with pytest.raises(ShardingError, match="encoder"):

@@ -1,10 +1,9 @@
 """Encoder-only models (BERT, XLM-RoBERTa) through real stacks, on tiny random ones
 (`bench/random_encoder.py`) held to transformers: a BERT embedder (sentence-transformers' mean
 pooling, normalized) through the official openai client and /score; a BERT cross-encoder, whose
-pairs' second texts are typed 1, through /rerank and /score (truncated from the left too); an
-XLM-RoBERTa classifier of three labels (positions past its padding index, RoBERTa's head)
-through /classify. Each prompt runs whole: the steps here hold fewer tokens than the prompts
-sent together."""
+pairs' second texts are typed 1, through /rerank and /score (truncated from the left too), and
+/classify. Each prompt runs whole: the steps here hold fewer tokens than the prompts sent
+together. An XLM-RoBERTa classifier's step: `test_encoder_support.py`."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ TEXTS = [" ".join(f"w{i}" for i in range(10, 90)), "w5 w6 w7",
          " ".join(f"w{i}" for i in range(100, 170))]  # fmt: skip
 QUERY = "w5 w6 w7 w8"
 DOCS = ["w8 w9", " ".join(f"w{i}" for i in range(20, 90)), "w5 w6", "w40 w41 w42"]
-LABELS = ("negative", "neutral", "positive")
 # Steps of 128 tokens: the first and third texts (82, 72 tokens) cannot share one.
 STACK = ("--dtype", "float32", "--max-num-seqs", "4", "--max-model-len", "128",
          "--max-num-batched-tokens", "128")  # fmt: skip
@@ -38,9 +36,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "embedder": random_encoder.encoder(made / "embedder", pooling="mean"),
         "cross": random_encoder.encoder(made / "cross", head="ForSequenceClassification",
                                         num_labels=1),
-        "classifier": random_encoder.encoder(made / "classifier", "XLMRoberta",
-                                             "ForSequenceClassification",
-                                             id2label=dict(enumerate(LABELS))),
     }  # fmt: skip
 
 
@@ -110,9 +105,9 @@ def test_an_encoder_generates_nothing_and_refuses_a_prompt_past_its_context(
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "input"
 
 
-def cross_logits(folder: Path, pairs: list[tuple[str, str]], keep: int = 0) -> np.ndarray:
-    """transformers' logit of each pair as BERT's tokenizer types it; with `keep`, of its last
-    `keep` tokens (and their types)."""
+def cross_logits(folder: Path, pairs: list[tuple[str, ...]], keep: int = 0) -> np.ndarray:
+    """transformers' logit of each pair (or text) as BERT's tokenizer types it; with `keep`, of
+    its last `keep` tokens (and their types)."""
     import torch
 
     model, tokenizer = hf(folder, "AutoModelForSequenceClassification")
@@ -120,7 +115,7 @@ def cross_logits(folder: Path, pairs: list[tuple[str, str]], keep: int = 0) -> n
     with torch.no_grad():
         for pair in pairs:
             encoded = tokenizer(*pair, return_tensors="pt")
-            assert encoded["token_type_ids"].any()  # the second text typed 1
+            assert encoded["token_type_ids"].any() == (len(pair) == 2)  # a second text: type 1
             if keep:
                 encoded = {name: value[:, -keep:] for name, value in encoded.items()}
             rows.append(model(**encoded).logits[0, 0])
@@ -143,21 +138,7 @@ def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
                                    "truncate_prompt_tokens": 5}).json()  # fmt: skip
     kept = 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs[:2], keep=5)))
     np.testing.assert_allclose([r["score"] for r in short["data"]], kept, atol=2e-5)
-
-
-def test_an_xlm_roberta_classifier_classifies_as_transformers(folders: dict[str, Path]) -> None:
-    import torch
-
-    model, tokenizer = hf(folders["classifier"], "AutoModelForSequenceClassification")
-    with torch.no_grad():
-        logits = [model(**tokenizer(text, return_tensors="pt")).logits[0] for text in TEXTS]
-    expected = torch.softmax(torch.stack(logits), dim=-1).numpy()
-    with launched_server("--model", str(folders["classifier"]), "--served-model-name",
-                         "classifier", *STACK) as server:  # fmt: skip
-        answer = post(server, "/classify", {"model": "classifier", "input": TEXTS})
-        assert answer.status_code == 200, answer.text
-        data = answer.json()["data"]
-        np.testing.assert_allclose([row["probs"] for row in data], expected, atol=2e-5)
-        assert [row["label"] for row in data] == [LABELS[i] for i in expected.argmax(1)]
-        refused = post(server, "/v1/embeddings", {"model": "classifier", "input": "w5"})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    alone = post(cross, "/classify", {"model": "cross", "input": [QUERY, DOCS[1]]})
+    expected = 1 / (1 + np.exp(-cross_logits(folders["cross"], [(QUERY,), (DOCS[1],)])))
+    got = [row["probs"][0] for row in alone.json()["data"]]
+    np.testing.assert_allclose(got, expected, atol=2e-5)

@@ -13,6 +13,7 @@ from turnstile.bench.random_llama import EMBEDDER_MODULES, write
 TINY_BERT = dict(
     vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, max_position_embeddings=512, initializer_range=0.2,
+    position_embedding_type="absolute",  # as real checkpoints write it (vLLM reads it)
 )  # fmt: skip
 # XLM-R's positions start past its padding index (1): its table is two rows longer.
 TINY_XLM_ROBERTA = TINY_BERT | dict(
@@ -30,11 +31,11 @@ def encoder(
     folder: Path, family: str = "Bert", head: str = "Model", pooling: str | None = None,
     **config: object,
 ) -> Path:  # fmt: skip
-    """A tiny random `family` ("Bert" or "XLMRoberta") with `head` ("Model",
-    "ForSequenceClassification"); with `pooling` (a key of POOLING_KEYS), sentence-transformers'
-    modules: that pooling, then Normalize."""
+    """A tiny random `family` ("Bert" or "XLMRoberta"; `config`'s fields replace its shape's)
+    with `head` ("Model", "ForSequenceClassification"); with `pooling` (a key of
+    POOLING_KEYS), sentence-transformers' modules: that pooling, then Normalize."""
     bert = family == "Bert"
-    write(folder, family, head, **(TINY_BERT if bert else TINY_XLM_ROBERTA), **config)
+    write(folder, family, head, **(TINY_BERT if bert else TINY_XLM_ROBERTA) | config)
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     first, end = ("w1" if bert else "w0"), "w2"
 

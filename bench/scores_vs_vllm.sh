@@ -44,7 +44,9 @@ for model in reranker classes embedder original bert-embedder bert-cross xlmr-cl
     --served-model-name m "${flags[@]}" > "$out/turnstile-$model.log" 2>&1 & pids+=($!)
   for port in 8000 8100; do  # each ready, or the script stops with its log
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-      kill -0 "${pids[@]}" || { tail -20 "$out"/*-$model.log; exit 1; }; sleep 1
+      for pid in "${pids[@]}"; do  # kill -0 of several succeeds while any one lives
+        kill -0 "$pid" 2>/dev/null || { tail -20 "$out"/*-$model.log; exit 1; }
+      done; sleep 1
     done
   done
   .venv/bin/python - "$model" "$out/tally" <<'PY'

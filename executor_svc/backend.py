@@ -212,7 +212,8 @@ class Backend(ABC):
             assert route is not Route.SPLIT and self.lora is not None
             common["lora"] = LoraBatch(self.lora, on["lora_tokens"], inputs.lora_segments)
         if route is Route.ENCODER:
-            rows = EncoderBatch(on["encoder_rows"], on["encoder_starts"], layout.longest_row,
+            bounds = tuple(inputs.query_start_loc.tolist())
+            rows = EncoderBatch(on["encoder_rows"], on["encoder_starts"], bounds,
                                 on.get("token_types"))  # fmt: skip
             return DeviceStep(**common, layers=None, layer_tokens=None, fused=None, encoder=rows)
         if route is Route.FUSED:

@@ -31,7 +31,6 @@ class StepLayout:
         self.prefill_tokens = first + np.arange(self.prefill_start[-1], dtype=np.int64)
         self.longest = int(lens.max()) if len(lens) else 0
         self.from_start = bool(len(lens)) and not inputs.positions[start[self.prefill_rows]].any()
-        self.longest_row = int(self.query_lens.max()) if len(self.query_lens) else 0
 
     def short_prefill(self) -> bool:
         """Whether the prefill tokens are few enough to run as rows of their own."""

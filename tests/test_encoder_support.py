@@ -23,9 +23,6 @@ from turnstile.shared.protocol import unpack_ids
 from turnstile.shared.settings import build
 from turnstile.shared.sharding import ShardingError, check_sharding
 
-LENGTHS = (5, 1, 9)  # three sequences of one step: padded to the longest, one of one token
-
-
 LABELS = ("negative", "neutral", "positive")
 
 
@@ -43,10 +40,14 @@ def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderB
     positions = torch.cat([torch.arange(n) for n in lengths])
     rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     starts = torch.tensor([0, *np.cumsum(lengths)])
-    return ids, positions, EncoderBatch(rows, starts, max(lengths), None)
+    return ids, positions, EncoderBatch(rows, starts, tuple(starts.tolist()), None)
 
 
-def test_sequences_of_one_step_each_attend_only_themselves(xlm_roberta: Path) -> None:
+# Sequences of one step: padded to the longest (one of one token), or one at a time (one long).
+@pytest.mark.parametrize("lengths", [(5, 1, 9), (40, 1, 2)])
+def test_sequences_of_one_step_each_attend_only_themselves(
+    xlm_roberta: Path, lengths: tuple[int, ...]
+) -> None:
     """An XLM-R classifier (positions past its padding index, RoBERTa's head on each CLS state)
     on sequences of different lengths in one step, against transformers' logits."""
     import transformers
@@ -60,13 +61,13 @@ def test_sequences_of_one_step_each_attend_only_themselves(xlm_roberta: Path) ->
     weights = load_file(xlm_roberta / "model.safetensors")
     cpu = torch.device("cpu")
     model = EncoderModel(info, weights, torch.float32, torch.float32, cpu, DenseProjection)
-    ids, positions, batch = step(LENGTHS)
+    ids, positions, batch = step(lengths)
     with torch.inference_mode():
         logits = model.pooled(model.forward(ids, positions, batch)[batch.starts[1:] - 1])
     auto = transformers.AutoModelForSequenceClassification
     reference = auto.from_pretrained(xlm_roberta, dtype=torch.float32).eval()
     with torch.no_grad():
-        for row, sequence in enumerate(ids.split(LENGTHS)):
+        for row, sequence in enumerate(ids.split(lengths)):
             expected = reference(sequence[None]).logits[0]
             torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=0)
 

@@ -32,13 +32,17 @@ PREFIXES = ("bert.", "roberta.", "")
 @dataclass(slots=True, frozen=True)
 class EncoderBatch:
     """A step's sequences, each whole: each token's sequence, the sequences' offsets into the
-    step's tokens, the longest one's length (known to the host), each token's type (a pair's
-    second text: 1) where any has one."""
+    step's tokens (on the device, and known to the host), each token's type (a pair's second
+    text: 1) where any has one."""
 
     rows: Tensor  # [tokens]
     starts: Tensor  # [sequences + 1]
-    longest: int
+    bounds: tuple[int, ...]  # the same offsets, on the host
     token_types: Tensor | None
+
+    @property
+    def longest(self) -> int:
+        return max(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,15 +148,19 @@ class EncoderModel:
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                 batch: EncoderBatch) -> Tensor:  # fmt: skip
         """Each sequence's tokens attending all of it: [tokens, heads, head_dim]. Sequences
-        padded to the longest, the padding masked out."""
-        count = batch.starts.shape[0] - 1
-        if count == 1:  # one sequence: nothing to pad
-            q, k, v = (x.transpose(0, 1) for x in (q, k, v))
-            return F.scaled_dot_product_attention(q, k, v).transpose(0, 1)
-        padded = q.new_zeros(3, count, batch.longest, *q.shape[1:])
+        padded to the longest (the padding masked out) where that at most doubles the tokens,
+        else one at a time: a long prompt beside short ones would pad them all to its length."""
+        count, longest = len(batch.bounds) - 1, batch.longest
+        if count == 1 or count * longest > 2 * q.shape[0]:
+            out = torch.empty_like(q)
+            for start, end in zip(batch.bounds, batch.bounds[1:], strict=False):
+                one = (x[start:end].transpose(0, 1) for x in (q, k, v))
+                out[start:end] = F.scaled_dot_product_attention(*one).transpose(0, 1)
+            return out
+        padded = q.new_zeros(3, count, longest, *q.shape[1:])
         padded[:, batch.rows, positions] = torch.stack((q, k, v))
         lengths = batch.starts[1:] - batch.starts[:-1]
-        seen = torch.arange(batch.longest, device=q.device) < lengths[:, None]
+        seen = torch.arange(longest, device=q.device) < lengths[:, None]
         pq, pk, pv = padded.transpose(2, 3).unbind(0)  # [sequences, heads, longest, head_dim]
         out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=seen[:, None, None, :])
         return out.transpose(1, 2)[batch.rows, positions]

@@ -15,7 +15,7 @@ import numpy as np
 
 from turnstile.executor_svc.simulated_executor import SimulatedExecutor
 from turnstile.scheduler_svc.scheduler import Scheduler
-from turnstile.shared.config import EngineConfig, SchedulerConfig, SchedulingConfig
+from turnstile.shared.config import DEFAULT_BATCHED_TOKENS, EngineConfig, SchedulerConfig
 from turnstile.shared.protocol import AddRequest, BatchPlan, SamplingParams, StepResult, pack_ids
 from turnstile.shared.settings import build
 
@@ -60,7 +60,7 @@ class _Driver:
             num_blocks=load.running * (max_len // block_size) // 4,
             block_size=block_size,
             max_num_seqs=load.running,
-            max_num_batched_tokens=max(SchedulingConfig().max_num_batched_tokens, load.running),
+            max_num_batched_tokens=max(DEFAULT_BATCHED_TOKENS, load.running),
             max_model_len=max_len,
         )
         self.scheduler = Scheduler(config, eos_token_ids=(EOS,), vocab_size=VOCAB)

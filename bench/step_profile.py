@@ -19,7 +19,7 @@ from turnstile.executor_svc.backends import native_decode
 from turnstile.executor_svc.runner_config import RunnerConfig
 from turnstile.kernels import cpu_native
 from turnstile.offline import OfflineEngine
-from turnstile.shared.config import SchedulingConfig
+from turnstile.shared.config import DEFAULT_BATCHED_TOKENS, SchedulingConfig
 from turnstile.shared.protocol import AddRequest, pack_ids
 from turnstile.shared.settings import build
 
@@ -72,7 +72,7 @@ def run(
             cpu_products=products,
             kv_cache_dtype=kv_cache_dtype,
         ),
-        SchedulingConfig(max(SchedulingConfig().max_num_batched_tokens, rows * prompt_len)),
+        SchedulingConfig(max(DEFAULT_BATCHED_TOKENS, rows * prompt_len)),
     )
     scheduler, runner = engine.scheduler, engine.runner
     rng = np.random.default_rng(0)

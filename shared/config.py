@@ -116,11 +116,34 @@ class AddressConfig:
     )
 
 
+DEFAULT_BATCHED_TOKENS = 2048  # a step's tokens where --max-num-batched-tokens is not given
+
+
+def token_budget(given: int | None, context: int, whole_prompts: bool) -> int:
+    """A step's tokens: --max-num-batched-tokens, else the default, or where prompts run whole
+    (an encoder's) its context if that is longer, as vLLM raises it: else a long prompt would
+    never fit a step."""
+    if given is not None:
+        return given
+    return max(DEFAULT_BATCHED_TOKENS, context) if whole_prompts else DEFAULT_BATCHED_TOKENS
+
+
+def whole_prompts_refusal(budget: int, context: int) -> str:
+    return (
+        f"--max-num-batched-tokens {budget} is less than the context ({context}): an encoder "
+        "computes each prompt in one step (raise it, or lower --max-model-len)"
+    )
+
+
 @dataclass(slots=True, frozen=True)
 class SchedulingConfig:
     """How the scheduler fills each step"""
 
-    max_num_batched_tokens: int = setting(2048, "tokens one step may compute")
+    max_num_batched_tokens: int | None = setting(
+        None,
+        f"tokens one step may compute (default {DEFAULT_BATCHED_TOKENS}; an encoder's: its "
+        "context where that is longer, as vLLM's)",
+    )
     policy: Policy = setting(
         "fcfs", "which waiting request starts first", alias="scheduling-policy"
     )
@@ -214,17 +237,17 @@ class SchedulerConfig:
 
     @property
     def token_budget(self) -> int:
-        """The tokens a step may compute; an encoder's, raised to its longest prompt where
-        --max-num-batched-tokens is less (as vLLM raises it), or that prompt would never run."""
-        budget = self.scheduling.max_num_batched_tokens
-        return max(budget, self.max_model_len) if self.whole_prompts else budget
+        given = self.scheduling.max_num_batched_tokens
+        return token_budget(given, self.max_model_len, self.whole_prompts)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0:
             raise ValueError("block_size and num_blocks must be positive")
-        if self.scheduling.max_num_batched_tokens < self.max_num_seqs:
+        if self.token_budget < self.max_num_seqs:
             # Every running decode gets its token each step only if the budget covers them all.
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.whole_prompts and self.token_budget < self.max_model_len:
+            raise ValueError(whole_prompts_refusal(self.token_budget, self.max_model_len))
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -235,6 +258,6 @@ class SchedulerConfig:
         window the window's and the chunk computed next, each starting mid-block."""
         held = -(-tokens // self.block_size)
         if self.sliding_window:
-            chunk = self.sliding_window + self.scheduling.max_num_batched_tokens
+            chunk = self.sliding_window + self.token_budget
             held = min(held, -(-chunk // self.block_size) + 1)
         return held

@@ -4,6 +4,8 @@ config read and refused by name, and the scheduler giving each prompt whole."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,10 +116,13 @@ def test_an_encoders_prompts_are_scheduled_whole_or_not_at_all() -> None:
     want = np.array([1, 50, 40, 30])  # a decode, then three prompts
     np.testing.assert_array_equal(split_budget(want, 100), [1, 50, 40, 9])
     np.testing.assert_array_equal(split_budget(want, 100, whole=True), [1, 50, 40, 0])
-    config = SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=512,
-                             scheduling=SchedulingConfig(max_num_batched_tokens=256),
+    config = SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=4096,
                              whole_prompts=True)  # fmt: skip
-    assert config.token_budget == 512  # the longest prompt fits a step
+    assert config.token_budget == 4096  # not given: raised to the longest prompt, as vLLM
+    with pytest.raises(ValueError, match="max-num-batched-tokens 256 is less than the context"):
+        SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=512,
+                        scheduling=SchedulingConfig(max_num_batched_tokens=256),
+                        whole_prompts=True)  # fmt: skip
     assert not config.prefix_caching  # each prompt computed from its first token
 
 
@@ -139,3 +144,12 @@ def test_an_encoders_prompts_are_admitted_whole_and_never_from_the_cache(ahead: 
     # scheduling's step planned before that token came back computes none of it).
     assert len(harness.plans) == 2 + ahead
     assert not any(unpack_ids(plan.override_counts).any() for plan in harness.plans)
+
+
+def test_serve_refuses_steps_shorter_than_an_encoders_context(tmp_path: Path) -> None:
+    folder = str(random_encoder.encoder(tmp_path))
+    command = [sys.executable, "-m", "turnstile.cli", "serve", "--model", folder, "--max-model-len",
+               "128", "--max-num-batched-tokens", "64", "--max-num-seqs", "8"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "--max-num-batched-tokens 64 is less than the context (128)" in done.stderr

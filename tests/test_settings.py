@@ -28,7 +28,7 @@ def test_a_flag_beats_a_variable_beats_the_file_beats_the_default(tmp_path: Path
     assert config.engine.block_size == 32  # variable
     assert config.engine.max_num_seqs == 8  # file
     assert config.scheduling.enable_prefix_caching is False  # file
-    assert config.scheduling.max_num_batched_tokens == 2048  # default
+    assert config.scheduling.max_num_batched_tokens is None  # 2048, or an encoder's context
     assert bound(["serve"]) == ServeConfig()
 
 

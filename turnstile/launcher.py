@@ -35,7 +35,14 @@ from turnstile.gateway_svc.config import GatewayConfig, GatewayServiceConfig
 from turnstile.gateway_svc.harmony import check_parsers
 from turnstile.gateway_svc.reasoning import ThinkTokens
 from turnstile.scheduler_svc.service_config import AdmissionConfig, SchedulerServiceConfig
-from turnstile.shared.config import AddressConfig, EngineConfig, MetricsConfig, SchedulingConfig
+from turnstile.shared.config import (
+    AddressConfig,
+    EngineConfig,
+    MetricsConfig,
+    SchedulingConfig,
+    token_budget,
+    whole_prompts_refusal,
+)
 from turnstile.shared.lora import LoraConfig
 from turnstile.shared.lora import adapters as lora_adapters
 from turnstile.shared.metrics_server import SHARED_DIR_VARIABLE
@@ -157,12 +164,16 @@ def _start(service: Service) -> BaseProcess:
 def serve(config: ServeConfig) -> None:
     try:  # a model the executor would run wrongly stops here, before any service starts
         info = config.engine.model_info()
-        budget, seqs = config.scheduling.max_num_batched_tokens, config.engine.max_num_seqs
+        context = min(config.engine.max_model_len or info.max_model_len, info.max_model_len)
+        given, seqs = config.scheduling.max_num_batched_tokens, config.engine.max_num_seqs
+        budget = token_budget(given, context, info.encoder_only)
         if budget < seqs:  # else the scheduler would refuse it once an executor registers
             raise ValueError(
                 f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({seqs}): "
                 "each decode computes a token a step"
             )
+        if info.encoder_only and budget < context:
+            raise ValueError(whole_prompts_refusal(budget, context))
         check_sharding(info, config.engine.tensor_parallel_size)
         lora_adapters(config.lora, info)  # each one checked
         gateway = config.gateway

@@ -65,8 +65,8 @@ class EncoderModel:
         device: torch.device,
         projection: ProjectionFactory,
     ) -> None:
-        """Matrices in `dtype` through the backend's `projection`; embeddings, norms and the
-        classifier's head in `activation_dtype` (the head in float32)."""
+        """Matrices and their biases in `dtype`, through the backend's `projection`; embeddings
+        and norms in `activation_dtype`; a classifier's head in float32."""
         self.info = info
         self.activation_dtype = activation_dtype
         found = [p for p in PREFIXES if f"{p}embeddings.word_embeddings.weight" in weights]

@@ -90,9 +90,10 @@ class EngineConfig:
         info = read_model_info(self.model_path, overrides)
         if self.convert == "embed":
             info = replace(info, labels=(), classifier_tokens=())
-        if info.labels and self.runner == "generate":
-            raise ValueError(f"--runner generate: {self.model} is a sequence classifier, which "
-                             "generates nothing (--runner pooling or auto serve it)")  # fmt: skip
+        if (info.labels or info.encoder_only) and self.runner == "generate":
+            kind = "a sequence classifier" if info.labels else "an encoder"
+            raise ValueError(f"--runner generate: {self.model} is {kind}, which generates "
+                             "nothing (--runner pooling or auto serve it)")  # fmt: skip
         return replace(info, runner=self.runner)
 
     @property

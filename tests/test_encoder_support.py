@@ -17,7 +17,7 @@ from turnstile.bench import random_encoder
 from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
 from turnstile.executor_svc.model.projection import DenseProjection
 from turnstile.scheduler_svc.token_budget import split_budget
-from turnstile.shared.config import SchedulerConfig, SchedulingConfig
+from turnstile.shared.config import EngineConfig, SchedulerConfig, SchedulingConfig
 from turnstile.shared.lora import LoraConfig, adapters
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
@@ -110,6 +110,8 @@ def test_an_embedder_pooled_by_max_is_refused_and_settings_it_cannot_take_are_to
         check_sharding(info, 2)
     with pytest.raises(ValueError, match="encoder"):
         adapters(LoraConfig(enable_lora=True), info)
+    with pytest.raises(ValueError, match=r"runner generate: .* is an encoder"):
+        EngineConfig(model=str(tmp_path / "mean"), runner="generate").model_info()
 
 
 def test_an_encoders_prompts_are_scheduled_whole_or_not_at_all() -> None:

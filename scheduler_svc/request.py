@@ -105,6 +105,8 @@ def _check(msg: AddRequest, prompt: np.ndarray, vocab_size: int) -> None:
         raise ValueError("top_k must be >= 0 (0: no limit)")
     if sampling.seed is not None and not -(2**63) <= sampling.seed < 2**64:
         raise ValueError("seed must fit in 64 bits")
+    if sampling.second_text != -1 and not (sampling.embed and sampling.second_text >= 0):
+        raise ValueError("second_text must be -1, or a pooled pair's position >= 0")
     _check_adjustments(sampling, vocab_size)
 
 

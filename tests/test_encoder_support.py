@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,13 @@ from scheduler_harness import Harness
 from turnstile.bench import random_encoder
 from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
 from turnstile.executor_svc.model.projection import DenseProjection
+from turnstile.scheduler_svc.request import Request
 from turnstile.scheduler_svc.token_budget import split_budget
 from turnstile.shared.config import EngineConfig, SchedulerConfig, SchedulingConfig
 from turnstile.shared.lora import LoraConfig, adapters
 from turnstile.shared.model_info import read_model_info
 from turnstile.shared.model_support import UnsupportedModel
-from turnstile.shared.protocol import unpack_ids
+from turnstile.shared.protocol import AddRequest, SamplingParams, pack_ids, unpack_ids
 from turnstile.shared.settings import build
 from turnstile.shared.sharding import ShardingError, check_sharding
 
@@ -66,6 +68,11 @@ def test_sequences_of_one_step_each_attend_only_themselves(
     ids, positions, batch = step(lengths)
     with torch.inference_mode():
         logits = model.pooled(model.forward(ids, positions, batch)[batch.starts[1:] - 1])
+        # One token type: a pair typed 1 (a hostile peer's) reads type 0, as it must.
+        typed = replace(batch, token_types=torch.ones_like(ids))
+        torch.testing.assert_close(
+            model.forward(ids, positions, typed), model.forward(ids, positions, batch)
+        )
     auto = transformers.AutoModelForSequenceClassification
     reference = auto.from_pretrained(xlm_roberta, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -155,3 +162,11 @@ def test_serve_refuses_steps_shorter_than_an_encoders_context(tmp_path: Path) ->
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "--max-num-batched-tokens 64 is less than the context (128)" in done.stderr
+
+
+def test_a_pair_position_no_pooled_pair_can_have_is_refused_by_the_scheduler() -> None:
+    for sampling in (SamplingParams(embed=True, second_text=-5), SamplingParams(second_text=2)):
+        request = AddRequest(req_id=1, prompt_ids=pack_ids([5, 6, 7]), max_tokens=1,
+                             sampling=sampling)  # fmt: skip
+        with pytest.raises(ValueError, match="second_text"):
+            Request.from_message(request, 0, 64, 512)

@@ -88,6 +88,8 @@ class EncoderModel:
         self.position = take(embeddings + "position_embeddings.weight")
         types = embeddings + "token_type_embeddings.weight"
         self.types = take(types) if types in weights else None
+        # One type (XLM-R): every token's, whatever types a request's pair asks for.
+        self.one_type = self.types is None or self.types.shape[0] == 1
         self.embedding_norm = norm(embeddings + "LayerNorm")
         self.layers = []
         for i in range(info.num_layers):
@@ -132,7 +134,8 @@ class EncoderModel:
         hidden = hidden + F.embedding(positions + self.info.position_offset, self.position)
         if self.types is not None:
             types = batch.token_types
-            hidden = hidden + (self.types[0] if types is None else F.embedding(types, self.types))
+            one = self.one_type or types is None
+            hidden = hidden + (self.types[0] if one else F.embedding(types, self.types))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), *self.embedding_norm, eps)
         heads, head_dim = self.info.num_heads, self.info.head_dim
         for layer in self.layers:

@@ -40,6 +40,10 @@ class StepLayout:
         context = int(self.inputs.positions[tokens].sum()) + len(tokens)
         return context <= SHORT_PREFILL_CONTEXT
 
+    def token_rows(self) -> np.ndarray:
+        """The row of each of the step's tokens."""
+        return np.repeat(np.arange(len(self.query_lens)), self.query_lens)
+
     def arrays(self, route: str) -> dict[str, np.ndarray]:
         """What `Backend.upload` sends for `route` (a `Route` value)."""
         inputs = self.inputs
@@ -56,13 +60,11 @@ class StepLayout:
                 inputs.sample_rows
             ) != len(inputs.rows):
                 raise RuntimeError("an encoder's step holds a row that is not a whole prompt")
-            rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)
-            out |= {"encoder_rows": rows, "encoder_starts": inputs.query_start_loc}
+            out |= {"encoder_rows": self.token_rows(), "encoder_starts": inputs.query_start_loc}
             return out if inputs.token_types is None else out | {"token_types": inputs.token_types}
         if route == "fused":
             if len(self.prefill_rows):  # each token a row, attending up to itself
-                rows = np.repeat(np.arange(len(self.query_lens)), self.query_lens)
-                tables, lens = inputs.block_tables[rows], inputs.positions + 1
+                tables, lens = inputs.block_tables[self.token_rows()], inputs.positions + 1
             else:
                 tables, lens = inputs.block_tables, inputs.seq_lens
             return out | {"slot_mapping": inputs.slot_mapping, "fused_tables": tables,

@@ -138,9 +138,11 @@ class EncoderModel:
             hidden = hidden + (self.types[0] if one else F.embedding(types, self.types))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), *self.embedding_norm, eps)
         heads, head_dim = self.info.num_heads, self.info.head_dim
+        seen = self._padding(batch)  # once a step, for every layer
         for layer in self.layers:
             q, k, v = layer.qkv(hidden).view(-1, 3, heads, head_dim).unbind(1)
-            attended = self._attend(q, k, v, positions, batch).reshape(-1, heads * head_dim)
+            attended = self._attend(q, k, v, positions, batch, seen)
+            attended = attended.reshape(-1, heads * head_dim)
             hidden = layer.out(attended, hidden)
             hidden = F.layer_norm(hidden, (hidden.shape[-1],), *layer.attention_norm, eps)
             hidden = layer.down(self.act(layer.up(hidden)), hidden)
@@ -148,24 +150,34 @@ class EncoderModel:
         hidden[batch.starts[1:] - 1] = self._pooled(hidden, batch)
         return hidden
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
-                batch: EncoderBatch) -> Tensor:  # fmt: skip
-        """Each sequence's tokens attending all of it: [tokens, heads, head_dim]. Sequences
-        padded to the longest (the padding masked out) where that at most doubles the tokens,
-        else one at a time: a long prompt beside short ones would pad them all to its length."""
+    @staticmethod
+    def _padding(batch: EncoderBatch) -> Tensor | None:
+        """Where the step's sequences are padded to the longest, which padded positions are
+        each one's own ([sequences, 1, 1, longest]); None where attending one sequence at a
+        time is cheaper: one sequence, or padding that would more than double the tokens (a
+        long prompt beside short ones would pad them all to its length)."""
         count, longest = len(batch.bounds) - 1, batch.longest
-        if count == 1 or count * longest > 2 * q.shape[0]:
+        if count == 1 or count * longest > 2 * batch.bounds[-1]:
+            return None
+        lengths = batch.starts[1:] - batch.starts[:-1]
+        seen = torch.arange(longest, device=batch.starts.device) < lengths[:, None]
+        return seen[:, None, None, :]
+
+    @staticmethod
+    def _attend(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, batch: EncoderBatch,
+                seen: Tensor | None) -> Tensor:  # fmt: skip
+        """Each sequence's tokens attending all of it: [tokens, heads, head_dim]; padded where
+        `seen` says which positions are each sequence's (`_padding`), else one at a time."""
+        if seen is None:
             out = torch.empty_like(q)
             for start, end in zip(batch.bounds, batch.bounds[1:], strict=False):
                 one = (x[start:end].transpose(0, 1) for x in (q, k, v))
                 out[start:end] = F.scaled_dot_product_attention(*one).transpose(0, 1)
             return out
-        padded = q.new_zeros(3, count, longest, *q.shape[1:])
+        padded = q.new_zeros(3, seen.shape[0], seen.shape[-1], *q.shape[1:])
         padded[:, batch.rows, positions] = torch.stack((q, k, v))
-        lengths = batch.starts[1:] - batch.starts[:-1]
-        seen = torch.arange(longest, device=q.device) < lengths[:, None]
         pq, pk, pv = padded.transpose(2, 3).unbind(0)  # [sequences, heads, longest, head_dim]
-        out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=seen[:, None, None, :])
+        out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=seen)
         return out.transpose(1, 2)[batch.rows, positions]
 
     def _pooled(self, hidden: Tensor, batch: EncoderBatch) -> Tensor:

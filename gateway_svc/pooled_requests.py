@@ -139,11 +139,10 @@ class PooledRequests:
         tokens and those found cached. `seconds`: where each prompt's second text starts, an
         encoder's pairs' (`SamplingParams.second_text`)."""
         for i, ids in enumerate(prompts):
-            if not 0 < len(ids) < self.max_model_len:
+            if not 0 < len(ids) <= self.max_model_len:
                 raise ApiError(400, f"input {i} has {len(ids)} tokens: an input takes 1 to "
-                               f"{self.max_model_len - 1} (the model's context is "
-                               f"{self.max_model_len})", code="context_length_exceeded",
-                               param=param)  # fmt: skip
+                               f"{self.max_model_len} (the model's context)",
+                               code="context_length_exceeded", param=param)  # fmt: skip
         if not self.engine.ready:
             raise ApiError(503, "no executor is ready", "service_unavailable")
         usage["prompt_tokens"] = sum(map(len, prompts))

@@ -13,7 +13,7 @@ from turnstile.scheduler_svc.admission import admission_for
 from turnstile.scheduler_svc.block_pool import BlockPool
 from turnstile.scheduler_svc.in_flight import StepInFlight
 from turnstile.scheduler_svc.prefix_cache import PrefixCache
-from turnstile.scheduler_svc.request import Request, Status
+from turnstile.scheduler_svc.request import Request, Status, context_limit
 from turnstile.scheduler_svc.running_batch import RunningBatch
 from turnstile.scheduler_svc.waiting_queue import FcfsQueue, PriorityQueue
 from turnstile.shared.config import SchedulerConfig
@@ -85,10 +85,11 @@ class RequestLifecycle:
         )  # fmt: skip
         if req.priority and not self.by_priority:
             raise ValueError("priority needs the priority policy (serve with --policy priority)")
-        if not 0 < req.num_prompt_tokens < cfg.max_model_len:
+        longest = context_limit(req.sampling, cfg.max_model_len) - 1
+        if not 0 < req.num_prompt_tokens <= longest:
             raise ValueError(
                 f"prompt has {req.num_prompt_tokens} tokens; it must have between 1 and "
-                f"{cfg.max_model_len - 1} (the model's context is {cfg.max_model_len})"
+                f"{longest} (the model's context is {cfg.max_model_len})"
             )
         if cfg.blocks_held(req.stop_len - 1) > cfg.num_blocks:
             raise ValueError(

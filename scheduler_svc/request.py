@@ -64,7 +64,7 @@ class Request:
             req_id=msg.req_id,
             token_ids=prompt,
             num_prompt_tokens=len(prompt),
-            stop_len=min(len(prompt) + msg.max_tokens, max_model_len),
+            stop_len=min(len(prompt) + msg.max_tokens, context_limit(msg.sampling, max_model_len)),
             stops_at_eos=not msg.ignore_eos,
             stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority,
@@ -78,6 +78,12 @@ class Request:
     def rank(self, by_priority: bool) -> int:
         priority = self.priority + _PRIORITY_LIMIT if by_priority else 0
         return (priority << _ARRIVAL_BITS) | self.arrival
+
+
+def context_limit(sampling: SamplingParams, max_model_len: int) -> int:
+    """How long a request's row may grow: a pooled prompt may fill the whole context (as vLLM
+    allows), its one sampled and dropped token past it."""
+    return max_model_len + 1 if sampling.embed else max_model_len
 
 
 def may_speculate(sampling: SamplingParams) -> bool:

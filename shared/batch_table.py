@@ -30,7 +30,9 @@ class BatchTable:
         self.block_size = block_size
         # Counters and indices are int64: numpy indexes with int64 three times faster.
         self.req_ids = np.full(capacity, -1, dtype=np.int64)
-        self.tokens = np.zeros((capacity, max_model_len), dtype=np.int32)
+        # A column past the context: a pooled prompt of the whole context samples its one
+        # (never answered) token there.
+        self.tokens = np.zeros((capacity, max_model_len + 1), dtype=np.int32)
         self.num_tokens = np.zeros(capacity, dtype=np.int64)
         self.num_prompt = np.zeros(capacity, dtype=np.int64)
         self.num_computed = np.zeros(capacity, dtype=np.int64)

@@ -82,13 +82,14 @@ class Harness:
         ignore_eos: bool = False,
         stop_token_ids: tuple[int, ...] = (),
         lora: LoraRef | None = None,
+        embed: bool = False,
     ) -> None:
         self.scheduler.add_request(
             AddRequest(
                 req_id=req_id,
                 prompt_ids=pack_ids(prompt),
                 max_tokens=max_tokens,
-                sampling=SamplingParams(seed=req_id),
+                sampling=SamplingParams(seed=req_id, embed=embed),
                 priority=priority,
                 ignore_eos=ignore_eos,
                 stop_token_ids=list(stop_token_ids),

@@ -36,7 +36,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(model: Path) -> Iterator[Server]:
     with launched_server(
         "--model", str(model), "--dtype", "float32", "--served-model-name", "embedder",
-        "--max-num-seqs", "8", "--max-num-batched-tokens", "32",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "32", "--max-model-len", "112",
     ) as server:  # fmt: skip
         yield server
 
@@ -77,6 +77,9 @@ def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.Op
     np.testing.assert_allclose(vectors(answer), expected[:3], atol=2e-5)
     by_ids = embedder.embeddings.create(model="embedder", input=[[7, 8, 9]])
     np.testing.assert_allclose(vectors(by_ids)[0], expected[3], atol=2e-5)
+    whole = [7 + i % 40 for i in range(112)]  # the context, all 7 blocks of 16: as vLLM allows
+    filled = embedder.embeddings.create(model="embedder", input=[whole])
+    np.testing.assert_allclose(vectors(filled)[0], reference(model, [whole])[0], atol=2e-5)
     again = embedder.embeddings.create(model="embedder", input=TEXTS[1])  # its blocks cached
     np.testing.assert_allclose(vectors(again)[0], expected[1], atol=2e-5)
     raw = embedder.embeddings.create(  # vLLM's use_activation false: not normalized
@@ -145,7 +148,7 @@ def test_no_token_of_an_embedding_counts_as_generated(
         ({"input": ["hi", [5, 6]]}, "input"),  # texts and ids mixed
         ({"input": ""}, "input"),  # no token
         ({"input": [[5, 49152]]}, "input"),  # outside the vocabulary
-        ({"input": [[5] * 8192]}, "input"),  # no room in the context
+        ({"input": [[5] * 8193]}, "input"),  # past the context
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
     ],
 )

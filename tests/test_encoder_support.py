@@ -170,3 +170,24 @@ def test_a_pair_position_no_pooled_pair_can_have_is_refused_by_the_scheduler() -
                              sampling=sampling)  # fmt: skip
         with pytest.raises(ValueError, match="second_text"):
             Request.from_message(request, 0, 64, 512)
+
+
+@pytest.mark.parametrize("whole", [False, True])  # a decoder's pooled prompt, an encoder's
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_a_pooled_prompt_may_fill_the_context_and_a_generated_one_may_not(
+    ahead: int, whole: bool
+) -> None:
+    """As vLLM: a pooled prompt of the whole context runs (its one token sampled past it and
+    dropped); a prompt to generate from leaves room for a token; neither goes past it."""
+    config = build(SchedulerConfig, num_blocks=64, block_size=4, max_num_seqs=4,
+                   max_num_batched_tokens=16, max_model_len=16, whole_prompts=whole)  # fmt: skip
+    harness = Harness(config, {1: 1, 2: 1}, ahead=ahead)
+    harness.add(1, list(range(10, 26)), max_tokens=1, ignore_eos=True, embed=True)
+    for req_id, length, embed in ((3, 16, False), (4, 17, True)):
+        with pytest.raises(ValueError, match=f"must have between 1 and {15 + embed} "):
+            harness.add(req_id, list(range(10, 10 + length)), max_tokens=1, embed=embed)
+    harness.add(2, list(range(30, 45)), max_tokens=1, ignore_eos=True)
+    assert [(new.req_id, new.num_scheduled) for new in harness.step().new] == [(1, 16)]
+    harness.run()
+    assert harness.endings == {1: ["length"], 2: ["length"]}
+    assert len(harness.tokens[1]) == len(harness.tokens[2]) == 1

@@ -20,10 +20,14 @@ from turnstile.bench.server_process import Server, launched_server
 
 pytestmark = pytest.mark.slow  # starts stacks
 
-TEXTS = [" ".join(f"w{i}" for i in range(10, 90)), "w5 w6 w7",
-         " ".join(f"w{i}" for i in range(100, 170))]  # fmt: skip
+
+def words(first: int, end: int) -> str:
+    return " ".join(f"w{i}" for i in range(first, end))
+
+
+TEXTS = [words(10, 90), "w5 w6 w7", words(100, 170)]
 QUERY = "w5 w6 w7 w8"
-DOCS = ["w8 w9", " ".join(f"w{i}" for i in range(20, 90)), "w5 w6", "w40 w41 w42"]
+DOCS = ["w8 w9", words(20, 90), "w5 w6", "w40 w41 w42"]
 # Steps of 128 tokens: the first and third texts (82, 72 tokens) cannot share one.
 STACK = ("--dtype", "float32", "--max-num-seqs", "4", "--max-model-len", "128",
          "--max-num-batched-tokens", "128")  # fmt: skip
@@ -33,7 +37,9 @@ STACK = ("--dtype", "float32", "--max-num-seqs", "4", "--max-model-len", "128",
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = tmp_path_factory.mktemp("encoders")
     return {
-        "embedder": random_encoder.encoder(made / "embedder", pooling="mean"),
+        # positions for its context only: an input of the whole context reads the last one
+        "embedder": random_encoder.encoder(made / "embedder", pooling="mean",
+                                           max_position_embeddings=128),
         "cross": random_encoder.encoder(made / "cross", head="ForSequenceClassification",
                                         num_labels=1),
     }  # fmt: skip
@@ -66,14 +72,15 @@ def hf(folder: Path, kind: str) -> tuple:
     return model, transformers.AutoTokenizer.from_pretrained(folder)
 
 
-def mean_pooled(folder: Path, texts: list[str]) -> np.ndarray:
-    """sentence-transformers' vectors: the final states' mean, normalized."""
+def mean_pooled(folder: Path, texts: list[str], keep: int = 0) -> np.ndarray:
+    """sentence-transformers' vectors: the final states' mean, normalized; with `keep`, of each
+    text's last `keep` tokens."""
     import torch
 
     model, tokenizer = hf(folder, "AutoModel")
     with torch.no_grad():
-        rows = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].mean(0)
-                for text in texts]  # fmt: skip
+        rows = [model(input_ids=tokenizer(text, return_tensors="pt")["input_ids"][:, -keep:])
+                .last_hidden_state[0].mean(0) for text in texts]  # fmt: skip
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
 
 
@@ -91,6 +98,20 @@ def test_a_bert_embedders_vectors_are_sentence_transformers_mean_pooled(
     np.testing.assert_allclose([r["score"] for r in scores["data"]], expected, atol=2e-5)
 
 
+def test_an_input_may_fill_the_context_and_is_truncated_to_it(
+    folders: dict[str, Path], embedder: Server
+) -> None:
+    """As vLLM: a pooled input of the whole context (128 tokens here, its last position the
+    model's last) is embedded, and `truncate_prompt_tokens: -1` keeps that much of a longer one."""
+    whole, longer = words(10, 136), words(10, 200)  # 126 and 190 words, [CLS] and [SEP] besides
+    answer = post(embedder, "/v1/embeddings", {"model": "embedder", "input": [whole, longer],
+                                               "truncate_prompt_tokens": -1}).json()  # fmt: skip
+    assert answer["usage"]["prompt_tokens"] == 2 * 128
+    got = np.array([item["embedding"] for item in answer["data"]])
+    expected = mean_pooled(folders["embedder"], [whole, longer], keep=128)
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
 def test_an_encoder_generates_nothing_and_refuses_a_prompt_past_its_context(
     embedder: Server,
 ) -> None:
@@ -100,9 +121,9 @@ def test_an_encoder_generates_nothing_and_refuses_a_prompt_past_its_context(
         answer = post(embedder, path, {"model": "embedder", **body})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
         assert "encoder" in answer.json()["error"]["message"]
-    long = " ".join(f"w{i}" for i in range(10, 200))
-    answer = post(embedder, "/v1/embeddings", {"model": "embedder", "input": long})
+    answer = post(embedder, "/v1/embeddings", {"model": "embedder", "input": words(10, 137)})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "input"
+    assert "129 tokens: an input takes 1 to 128" in answer.json()["error"]["message"]
 
 
 def cross_logits(folder: Path, pairs: list[tuple[str, ...]], keep: int = 0) -> np.ndarray:

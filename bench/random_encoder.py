@@ -1,7 +1,8 @@
-"""Tiny random encoders (BERT, XLM-RoBERTa: 2 layers, hidden size 128, a vocabulary of 512),
-with a word tokenizer that wraps texts as theirs do: BERT's [CLS] A [SEP] B [SEP] (w1, w2; B
-and its [SEP] typed 1), XLM-R's <s> A </s></s> B </s> (w0, w2; all typed 0); optionally
-sentence-transformers' modules (a pooling mode, normalized)."""
+"""Tiny random encoders (BERT, XLM-RoBERTa: 2 layers, hidden size 128, a vocabulary of 512;
+ModernBERT: 4 layers, the first and last global, the others attending 8 tokens on either side),
+with a word tokenizer that wraps texts as theirs do: BERT's and ModernBERT's [CLS] A [SEP] B
+[SEP] (w1, w2; BERT's B and its [SEP] typed 1), XLM-R's <s> A </s></s> B </s> (w0, w2; all
+typed 0); optionally sentence-transformers' modules (a pooling mode, normalized)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ TINY_XLM_ROBERTA = TINY_BERT | dict(
     eos_token_id=2,
 )  # fmt: skip
 
+TINY_MODERNBERT = dict(
+    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+    num_attention_heads=4, max_position_embeddings=512, initializer_range=0.2,
+    local_attention=16, global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=1,
+    cls_token_id=1, eos_token_id=2, sep_token_id=2,
+)  # fmt: skip
+SHAPES = {"Bert": TINY_BERT, "XLMRoberta": TINY_XLM_ROBERTA, "ModernBert": TINY_MODERNBERT}
 
 # sentence-transformers' Pooling config keys
 POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
@@ -31,18 +39,18 @@ def encoder(
     folder: Path, family: str = "Bert", head: str = "Model", pooling: str | None = None,
     **config: object,
 ) -> Path:  # fmt: skip
-    """A tiny random `family` ("Bert" or "XLMRoberta"; `config`'s fields replace its shape's)
-    with `head` ("Model", "ForSequenceClassification"); with `pooling` (a key of
-    POOLING_KEYS), sentence-transformers' modules: that pooling, then Normalize."""
-    bert = family == "Bert"
-    write(folder, family, head, **(TINY_BERT if bert else TINY_XLM_ROBERTA) | config)
+    """A tiny random `family` (a key of SHAPES; `config`'s fields replace its shape's) with
+    `head` ("Model", "ForSequenceClassification"); with `pooling` (a key of POOLING_KEYS),
+    sentence-transformers' modules: that pooling, then Normalize."""
+    bert = family != "XLMRoberta"  # BERT's wrapping
+    write(folder, family, head, **SHAPES[family] | config)
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     first, end = ("w1" if bert else "w0"), "w2"
 
     def part(kind: str, name: str, type_id: int) -> dict:
         return {kind: {"id": name, "type_id": type_id}}
 
-    two = int(bert)  # BERT's second text is typed 1
+    two = int(family == "Bert")  # BERT's second text is typed 1
     a, b = part("Sequence", "A", 0), part("Sequence", "B", two)
     starts, ends = part("SpecialToken", first, 0), part("SpecialToken", end, 0)
     pair = [starts, a, ends, b, part("SpecialToken", end, two)]
@@ -53,7 +61,7 @@ def encoder(
         "special_tokens": {w: {"id": w, "ids": [int(w[1:])], "tokens": [w]} for w in (first, end)},
     }  # fmt: skip
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    inputs = ["input_ids", "token_type_ids", "attention_mask"] if bert else ["input_ids"]
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if two else ["input_ids"]
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
         "model_input_names": inputs,  # BERT's tokenizer gives each token's type

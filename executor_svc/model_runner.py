@@ -19,6 +19,7 @@ from turnstile.executor_svc.model.encoder import EncoderModel
 from turnstile.executor_svc.model.layer_weights import Weight
 from turnstile.executor_svc.model.llama import LlamaModel
 from turnstile.executor_svc.model.lora import LoraWeights
+from turnstile.executor_svc.model.modernbert import ModernBertModel
 from turnstile.executor_svc.model.weights import load_weights
 from turnstile.executor_svc.plan_applier import HOLE, PlanApplier, StepInputs
 from turnstile.executor_svc.prompt_logprobs import PromptPositions, fold, prompt_table
@@ -115,7 +116,8 @@ class ModelRunner:
         backend, info = self.backend, self.info
         where = (self.dtype, backend.activation_dtype(self.dtype), self.device)
         if info.encoder_only:
-            return EncoderModel(info, weights, *where, backend.projection)
+            family = ModernBertModel if info.encoder_family == "modernbert" else EncoderModel
+            return family(info, weights, *where, backend.projection)
         kernels = (backend.projection, backend.experts, backend.rms_norm)
         return LlamaModel(info, weights, *where, *kernels, self.tp)
 

@@ -103,7 +103,8 @@ class ModelInfo:
     # generation_config.json's sampling fields: defaults for requests that omit them
     sampling_defaults: dict[str, float] | None = None
     qk_norm: str = ""  # RMS-normed before RoPE: "head", each head (Qwen3, Gemma 3); "all" (OLMo 2)
-    layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full; (): none slides
+    # each layer's sliding window, 0: full; (): none slides (an encoder's: half on either side)
+    layer_windows: tuple[int, ...] = ()
     # What sets Gemma 2 and 3 apart (`model_support.family_features`).
     hidden_act: str = "silu"
     attention_scale: float = 0.0  # 0: head_dim ** -0.5
@@ -156,10 +157,12 @@ class ModelInfo:
     # --runner's: "generate" or "pooling" serves only those requests; "auto" both (a sequence
     # classifier only pooling ones).
     runner: str = "auto"
-    # An encoder (BERT, RoBERTa, XLM-RoBERTa: `encoder_support.py`): every token attends its whole
-    # sequence, so prompts run whole and nothing is generated; positions offset (RoBERTa's
-    # padding index + 1); its token type embeddings (a pair's second text is type 1).
+    # An encoder (BERT, RoBERTa, XLM-RoBERTa, ModernBERT: `encoder_support.py`): every token
+    # attends its whole sequence, so prompts run whole and nothing is generated; positions
+    # offset (RoBERTa's padding index + 1); its token type embeddings (a pair's second text is
+    # type 1).
     encoder_only: bool = False
+    encoder_family: str = ""  # its model_type: "modernbert" runs `modernbert.py`, others BERT's
     position_offset: int = 0
     token_types: int = 0
     layer_norm_eps: float = 0.0

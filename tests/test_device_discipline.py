@@ -187,19 +187,25 @@ def test_a_step_verifying_drafts_stays_on_the_device(
     assert scheduler.stats.spec_accepted_tokens > 0 and max(positions) > 0
 
 
+@pytest.mark.parametrize("family", ["Bert", "ModernBert"])
 def test_an_encoders_step_stays_on_the_device(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
     """A BERT cross-encoder's whole prompts in one step (two pairs, their second texts typed 1,
-    and a text alone): padded attention, pooling, its head; no KV cache."""
-    folder = random_encoder.encoder(tmp_path, head="ForSequenceClassification", num_labels=1)
+    and a text alone), or a ModernBERT one's (its rotations, local layers' windows narrower
+    than the longest): padded attention, pooling, its head; no KV cache."""
+    folder = random_encoder.encoder(tmp_path, family, "ForSequenceClassification", num_labels=1)
     config = build(RunnerConfig, model=str(folder), dtype="bfloat16", device="meta",
                    backend="cuda", max_num_seqs=8)  # fmt: skip
     runner = ModelRunner(config)
     assert runner.kv_caches == [] and runner.info.encoder_only
+
+    def typed(second: int) -> int:  # ModernBERT types no token
+        return second if family == "Bert" else -1
+
     requests = [
         AddRequest(req_id=i, prompt_ids=pack_ids(list(range(5, 5 + length))), max_tokens=1,
-                   ignore_eos=True, sampling=SamplingParams(embed=True, second_text=second))
+                   ignore_eos=True, sampling=SamplingParams(embed=True, second_text=typed(second)))
         for i, (length, second) in enumerate([(9, 4), (3, -1), (20, 12)])
     ]  # fmt: skip
     scheduler = scheduler_for(runner, requests, max_num_seqs=8, whole_prompts=True)

@@ -7,6 +7,7 @@ together. An XLM-RoBERTa classifier's step: `test_encoder_support.py`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                            max_position_embeddings=128),
         "cross": random_encoder.encoder(made / "cross", head="ForSequenceClassification",
                                         num_labels=1),
+        "modern": random_encoder.encoder(made / "modern", "ModernBert",
+                                         "ForSequenceClassification", num_labels=1,
+                                         classifier_pooling="mean"),
     }  # fmt: skip
 
 
@@ -163,3 +167,22 @@ def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
     expected = 1 / (1 + np.exp(-cross_logits(folders["cross"], [(QUERY,), (DOCS[1],)])))
     got = [row["probs"][0] for row in alone.json()["data"]]
     np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
+def test_a_modernbert_reranker_scores_as_transformers(folders: dict[str, Path]) -> None:
+    """gte-reranker-modernbert's kind: each pair read as [CLS] query [SEP] document [SEP]
+    (no token types), mean-pooled through local layers narrower than the longer pairs."""
+    import torch
+
+    model, tokenizer = hf(folders["modern"], "AutoModelForSequenceClassification")
+    with torch.no_grad():
+        logits = np.array([float(model(**tokenizer(QUERY, doc, return_tensors="pt")).logits[0, 0])
+                           for doc in DOCS])  # fmt: skip
+    expected = 1 / (1 + np.exp(-logits))
+    with contextlib.contextmanager(served)(folders["modern"], "modern") as server:
+        answer = post(server, "/rerank", {"model": "modern", "query": QUERY, "documents": DOCS})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-expected))
+    got = {r["index"]: r["relevance_score"] for r in results}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=2e-5)

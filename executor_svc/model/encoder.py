@@ -110,6 +110,7 @@ class EncoderModel:
                 )
             )  # fmt: skip
         self.act = ACTIVATIONS[info.hidden_act]
+        self.pooling = "cls" if info.labels else info.pooling  # a classifier's: its CLS
         self.head = self._head(weights, prefix, device) if info.labels else None
 
     @staticmethod
@@ -165,14 +166,21 @@ class EncoderModel:
 
     @staticmethod
     def _attend(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, batch: EncoderBatch,
-                seen: Tensor | None) -> Tensor:  # fmt: skip
-        """Each sequence's tokens attending all of it: [tokens, heads, head_dim]; padded where
-        `seen` says which positions are each sequence's (`_padding`), else one at a time."""
+                seen: Tensor | None, window: int = 0) -> Tensor:  # fmt: skip
+        """Each sequence's tokens attending all of it (with a `window`, the tokens within half
+        of it on either side): [tokens, heads, head_dim]; padded where `seen` says which
+        positions each sequence's tokens see (`_padding`), else one at a time."""
         if seen is None:
             out = torch.empty_like(q)
             for start, end in zip(batch.bounds, batch.bounds[1:], strict=False):
                 one = (x[start:end].transpose(0, 1) for x in (q, k, v))
-                out[start:end] = F.scaled_dot_product_attention(*one).transpose(0, 1)
+                near = None
+                if window and end - start > window // 2:
+                    at = torch.arange(end - start, device=q.device)
+                    near = (at[:, None] - at[None, :]).abs() <= window // 2
+                out[start:end] = F.scaled_dot_product_attention(*one, attn_mask=near).transpose(
+                    0, 1
+                )
             return out
         padded = q.new_zeros(3, seen.shape[0], seen.shape[-1], *q.shape[1:])
         padded[:, batch.rows, positions] = torch.stack((q, k, v))
@@ -181,8 +189,8 @@ class EncoderModel:
         return out.transpose(1, 2)[batch.rows, positions]
 
     def _pooled(self, hidden: Tensor, batch: EncoderBatch) -> Tensor:
-        """Each sequence's pooled state: a classifier's CLS, else the model's pooling."""
-        pooling = "cls" if self.head is not None else self.info.pooling
+        """Each sequence's pooled state, as `self.pooling` says."""
+        pooling = self.pooling
         if pooling == "cls":
             return hidden[batch.starts[:-1]]
         if pooling == "last":

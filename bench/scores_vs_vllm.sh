@@ -9,8 +9,9 @@
 # the model cannot answer is refused by both (vLLM: a 404, no route for that model's task;
 # Turnstile: a 400 naming `model`), tallied apart. Then encoders (`bench/random_encoder.py`): a
 # BERT embedder (mean pooling), a BERT cross-encoder (a pair's second text typed 1), an XLM-R
-# classifier of three labels, an XLM-R embedder (CLS pooling); embeddings compared too.
-#   usage: bench/scores_vs_vllm.sh
+# classifier of three labels, an XLM-R embedder (CLS pooling), a ModernBERT embedder (mean
+# pooling) and cross-encoder (its head mean-pooled); embeddings compared too.
+#   usage: [MODELS="modern-embedder modern-cross"] bench/scores_vs_vllm.sh
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); pids=()
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=1
@@ -25,6 +26,9 @@ random_encoder.encoder(out / "bert-cross", head="ForSequenceClassification", num
 random_encoder.encoder(out / "xlmr-classes", "XLMRoberta", "ForSequenceClassification",
                        id2label={0: "negative", 1: "neutral", 2: "positive"})
 random_encoder.encoder(out / "xlmr-embedder", "XLMRoberta")
+random_encoder.encoder(out / "modern-embedder", "ModernBert", pooling="mean")
+random_encoder.encoder(out / "modern-cross", "ModernBert", "ForSequenceClassification",
+                       num_labels=1, classifier_pooling="mean")
 random_llama.classifier(out / "reranker")
 random_llama.classifier(out / "classes", ("negative", "neutral", "positive"))
 random_llama.embedder(out / "embedder")
@@ -36,7 +40,8 @@ PY
 template="w3 {{ instruction | default('w4') }} {% for m in messages %}{{ 'w7' if m.role == 'query' else 'w8' }} {{ m.content }} {% endfor %}w9"
 overrides='{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["w10", "w11"], "is_original_qwen3_reranker": true}'
 agreed=0; total=0
-for model in reranker classes embedder original bert-embedder bert-cross xlmr-classes xlmr-embedder; do
+all="reranker classes embedder original bert-embedder bert-cross xlmr-classes xlmr-embedder"
+for model in ${MODELS:-$all modern-embedder modern-cross}; do
   flags=(); [ $model = original ] && flags=(--hf-overrides "$overrides" --chat-template "$template")
   "$P"/bin/vllm serve "$out/$model" --host 127.0.0.1 --port 8100 --dtype float32 \
     --served-model-name m --max-model-len 512 "${flags[@]}" > "$out/vllm-$model.log" 2>&1 & pids+=($!)

@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from encoder_steps import step
 from scheduler_harness import Harness
 
 from turnstile.bench import random_encoder
-from turnstile.executor_svc.model.encoder import EncoderBatch, EncoderModel
+from turnstile.executor_svc.model.encoder import EncoderModel
 from turnstile.executor_svc.model.projection import DenseProjection
 from turnstile.scheduler_svc.request import Request
 from turnstile.scheduler_svc.token_budget import split_budget
@@ -36,15 +37,6 @@ def xlm_roberta(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("xlmr")
     head = "ForSequenceClassification"
     return random_encoder.encoder(folder, "XLMRoberta", head, id2label=labels)
-
-
-def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderBatch]:
-    torch.manual_seed(1)
-    ids = torch.randint(3, 512, (sum(lengths),))
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    starts = torch.tensor([0, *np.cumsum(lengths)])
-    return ids, positions, EncoderBatch(rows, starts, tuple(starts.tolist()), None)
 
 
 # Sequences of one step: padded to the longest (one of one token), or one at a time (one long).

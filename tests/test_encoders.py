@@ -147,17 +147,21 @@ def cross_logits(folder: Path, pairs: list[tuple[str, ...]], keep: int = 0) -> n
     return torch.stack(rows).numpy()
 
 
-def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
-    folders: dict[str, Path], cross: Server
-) -> None:
-    pairs = [(QUERY, doc) for doc in DOCS]
-    expected = 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs)))
-    answer = post(cross, "/rerank", {"model": "cross", "query": QUERY, "documents": DOCS})
+def reranked_as(server: Server, name: str, expected: np.ndarray) -> None:
+    """/rerank of QUERY and DOCS: the documents in `expected`'s order, with its scores."""
+    answer = post(server, "/rerank", {"model": name, "query": QUERY, "documents": DOCS})
     assert answer.status_code == 200, answer.text
     results = answer.json()["results"]
     assert [r["index"] for r in results] == list(np.argsort(-expected))
     got = {r["index"]: r["relevance_score"] for r in results}
     np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=2e-5)
+
+
+def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
+    folders: dict[str, Path], cross: Server
+) -> None:
+    pairs = [(QUERY, doc) for doc in DOCS]
+    reranked_as(cross, "cross", 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs))))
     # Each pair cut to its last 5 tokens: the second text still typed 1 (all 5 of the second).
     short = post(cross, "/score", {"model": "cross", "queries": QUERY, "documents": DOCS[:2],
                                    "truncate_prompt_tokens": 5}).json()  # fmt: skip
@@ -178,11 +182,5 @@ def test_a_modernbert_reranker_scores_as_transformers(folders: dict[str, Path]) 
     with torch.no_grad():
         logits = np.array([float(model(**tokenizer(QUERY, doc, return_tensors="pt")).logits[0, 0])
                            for doc in DOCS])  # fmt: skip
-    expected = 1 / (1 + np.exp(-logits))
     with contextlib.contextmanager(served)(folders["modern"], "modern") as server:
-        answer = post(server, "/rerank", {"model": "modern", "query": QUERY, "documents": DOCS})
-    assert answer.status_code == 200, answer.text
-    results = answer.json()["results"]
-    assert [r["index"] for r in results] == list(np.argsort(-expected))
-    got = {r["index"]: r["relevance_score"] for r in results}
-    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], expected, atol=2e-5)
+        reranked_as(server, "modern", 1 / (1 + np.exp(-logits)))

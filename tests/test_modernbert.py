@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from encoder_steps import step
 
 from turnstile.bench import random_encoder
-from turnstile.executor_svc.model.encoder import EncoderBatch
 from turnstile.executor_svc.model.modernbert import ModernBertModel
 from turnstile.executor_svc.model.projection import DenseProjection
 from turnstile.shared.model_info import read_model_info
@@ -29,15 +28,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = tmp_path_factory.mktemp("modernbert")
     return {head: random_encoder.encoder(made / head, "ModernBert", head, **config)
             for head, config in HEADS.items()}  # fmt: skip
-
-
-def step(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, EncoderBatch]:
-    torch.manual_seed(1)
-    ids = torch.randint(3, 512, (sum(lengths),))
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    starts = torch.tensor([0, *np.cumsum(lengths)])
-    return ids, positions, EncoderBatch(rows, starts, tuple(starts.tolist()), None)
 
 
 # Padded together (past the 8 tokens a local layer sees on either side), and one at a time.

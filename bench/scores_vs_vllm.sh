@@ -10,7 +10,8 @@
 # Turnstile: a 400 naming `model`), tallied apart. Then encoders (`bench/random_encoder.py`): a
 # BERT embedder (mean pooling), a BERT cross-encoder (a pair's second text typed 1), an XLM-R
 # classifier of three labels, an XLM-R embedder (CLS pooling), a ModernBERT embedder (mean
-# pooling) and cross-encoder (its head mean-pooled); embeddings compared too.
+# pooling) and cross-encoder (its head mean-pooled); embeddings compared too, and vLLM's chat
+# form of /v1/embeddings and /classify (`messages`; the Qwen3 embedder given the template too).
 #   usage: [MODELS="modern-embedder modern-cross"] bench/scores_vs_vllm.sh
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); pids=()
@@ -42,7 +43,8 @@ overrides='{"architectures": ["Qwen3ForSequenceClassification"], "classifier_fro
 agreed=0; total=0
 all="reranker classes embedder original bert-embedder bert-cross xlmr-classes xlmr-embedder"
 for model in ${MODELS:-$all modern-embedder modern-cross}; do
-  flags=(); [ $model = original ] && flags=(--hf-overrides "$overrides" --chat-template "$template")
+  flags=(); [ $model = embedder ] && flags=(--chat-template "$template")
+  [ $model = original ] && flags=(--hf-overrides "$overrides" --chat-template "$template")
   "$P"/bin/vllm serve "$out/$model" --host 127.0.0.1 --port 8100 --dtype float32 \
     --served-model-name m --max-model-len 512 "${flags[@]}" > "$out/vllm-$model.log" 2>&1 & pids+=($!)
   .venv/bin/turnstile serve --model "$out/$model" --dtype float32 --port 8000 \
@@ -70,6 +72,10 @@ cases = {
     "classify": ("/classify", {"input": [query, docs[1]]}),
     "classify, no activation": ("/classify", {"input": [query], "use_activation": False}),
     "embeddings": ("/v1/embeddings", {"input": [query, docs[1]]}),
+    "embeddings, messages": ("/v1/embeddings", {"messages": [
+        [{"role": "user", "content": query}],
+        [{"role": "query", "content": docs[0]}, {"role": "user", "content": docs[1]}]]}),
+    "classify, messages": ("/classify", {"messages": [{"role": "user", "content": query}]}),
 }
 if model == "original":  # its template writes the instruction
     cases["rerank, instruction"] = ("/rerank", {"query": query, "documents": docs,

@@ -67,7 +67,7 @@ class Classifications:
         refuse_unless_classifier(info, models.base, "/classify")
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))
         prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
-        logits = await self.pooled.vectors(prompts, lora, usage, "input")
+        logits = await self.pooled.vectors(prompts, lora, usage, request.param)
         data = []
         for i, row in enumerate(logits):
             probs = activated(row.astype(np.float64), info, request.use_activation)

@@ -50,7 +50,7 @@ class Embeddings:
         width = self._width(request.dimensions)
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))
         prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
-        vectors = await self.pooled.vectors(prompts, lora, usage, "input")
+        vectors = await self.pooled.vectors(prompts, lora, usage, request.param)
         data = [
             {"object": "embedding", "index": i,
              "embedding": self._encoded(vector[:width], request)}

@@ -20,9 +20,11 @@ from msgspec import Meta
 from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
+from turnstile.gateway_svc.openai_api import chat_text
 from turnstile.gateway_svc.request_ids import answered
-from turnstile.gateway_svc.request_types import Unused
+from turnstile.gateway_svc.request_types import ChatMessage, Unused
 from turnstile.gateway_svc.served_models import ServedModels
+from turnstile.gateway_svc.token_requests import TokenizeChat
 from turnstile.shared.protocol import AddRequest, Embedding, LoraRef, SamplingParams, pack_ids
 from turnstile.shared.tokenizer import Tokenizer
 
@@ -32,19 +34,36 @@ T = TypeVar("T")
 
 
 class InputsRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """/v1/embeddings' and /classify's fields: texts or token ids, each a prompt."""
+    """/v1/embeddings' and /classify's fields: texts or token ids, each a prompt; or, as vLLM's,
+    `messages`: a conversation (or a list of them), each a prompt as the chat template writes
+    it."""
 
-    input: str | Annotated[list[int | str | list[int]], Meta(min_length=1)]
+    input: str | Annotated[list[int | str | list[int]], Meta(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage | list[ChatMessage]], Meta(min_length=1)] | None = None
     model: str | None = None
     user: Unused = None
     # vLLM's: each input's last k tokens (-1: the context's length); the tokenizer's own
-    # special tokens around each text (Llama's BOS, Qwen3-Embedding's closing EOS).
+    # special tokens around each text (Llama's BOS, Qwen3-Embedding's closing EOS; not given:
+    # a text's yes, a conversation's no: its template writes them).
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
+    # vLLM's chat options, as a chat completion's; a conversation is not answered by default.
+    # None: not given (beside input, where nothing is templated, they are refused).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def inputs(self) -> list[str | list[int]]:
         """Each input: a text or token ids."""
         given = self.input
+        if (given is None) == (self.messages is None):
+            raise ApiError(400, "give either input or messages", param="input")
+        if given is None:
+            raise ApiError(400, "messages are given: they are the inputs", param="messages")
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+            if getattr(self, name) is not None:
+                raise ApiError(400, f"{name} applies to messages; input is not templated",
+                               param=name)  # fmt: skip
         if isinstance(given, str) or isinstance(given[0], int):
             return [given]  # type: ignore[list-item]
         if len({type(item) for item in given}) > 1:
@@ -53,6 +72,31 @@ class InputsRequest(msgspec.Struct, forbid_unknown_fields=True):
         if len(given) > MAX_INPUTS:
             raise ApiError(400, f"at most {MAX_INPUTS} inputs in one request", param="input")
         return given  # type: ignore[return-value]
+
+    @property
+    def param(self) -> str:
+        """The field the prompts came from, for an error about them."""
+        return "input" if self.messages is None else "messages"
+
+    def conversations(self) -> list[TokenizeChat]:
+        """Each conversation of `messages`, with the chat options, as a chat prompt."""
+        given = self.messages or []
+        single = all(isinstance(item, ChatMessage) for item in given)
+        if not single and not all(isinstance(item, list) and item for item in given):
+            raise ApiError(400, "messages must be a conversation (a list of messages) or a list "
+                           "of conversations", param="messages")  # fmt: skip
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(400, "continue_final_message and add_generation_prompt cannot both "
+                           "be true", param="continue_final_message")  # fmt: skip
+        if len(given) > MAX_INPUTS and not single:
+            raise ApiError(400, f"at most {MAX_INPUTS} inputs in one request", param="messages")
+        return [
+            TokenizeChat(messages=conversation,
+                         add_generation_prompt=bool(self.add_generation_prompt),
+                         continue_final_message=bool(self.continue_final_message),
+                         chat_template_kwargs=self.chat_template_kwargs)
+            for conversation in ([given] if single else given)
+        ]  # fmt: skip
 
 
 class PooledRequests:
@@ -119,12 +163,17 @@ class PooledRequests:
                            code="context_length_exceeded", param=param)  # fmt: skip
 
     def prompts(self, request: InputsRequest) -> list[list[int]]:
-        """Each input's token ids (on a tokenizer thread)."""
+        """Each input's token ids, or each conversation's (on a tokenizer thread)."""
         vocab = self.tokenizer.vocab_size
+        if request.messages is not None and request.input is None:
+            special = bool(request.add_special_tokens)
+            texts = [chat_text(chat, self.tokenizer) for chat in request.conversations()]
+            return [self.encoded(text, "messages", special) for text in texts]
         prompts = []
+        special = request.add_special_tokens is not False
         for given in request.inputs():
             if isinstance(given, str):
-                prompts.append(self.encoded(given, "input", request.add_special_tokens))
+                prompts.append(self.encoded(given, "input", special))
             elif any(not 0 <= t < vocab for t in given):
                 raise ApiError(400, f"input token ids must lie in [0, {vocab})", param="input")
             else:

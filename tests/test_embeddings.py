@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow  # starts a stack
 
 TEXTS = ["w5 w6 w7", " ".join(f"w{i}" for i in range(10, 110)), "w40"]  # the second: chunked
 MODULES = random_llama.EMBEDDER_MODULES
+# Each message after w3, a generation prompt of w4.
+TEMPLATE = "{% for m in messages %}w3 {{ m.content }} {% endfor %}"
+TEMPLATE += "{% if add_generation_prompt %}w4{% endif %}"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,7 @@ def server(model: Path) -> Iterator[Server]:
     with launched_server(
         "--model", str(model), "--dtype", "float32", "--served-model-name", "embedder",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "32", "--max-model-len", "112",
+        "--chat-template", TEMPLATE,
     ) as server:  # fmt: skip
         yield server
 
@@ -88,6 +92,19 @@ def test_each_input_embeds_as_transformers_does(model: Path, embedder: openai.Op
     found = vectors(raw)[0]
     assert abs(np.linalg.norm(found) - 1) > 0.1
     np.testing.assert_allclose(found / np.linalg.norm(found), expected[2], atol=2e-5)
+
+
+def test_a_conversation_is_embedded_without_the_tokenizers_special_tokens(
+    model: Path, embedder: openai.OpenAI
+) -> None:
+    """As vLLM: the chat template writes a conversation's special tokens; the tokenizer's own
+    (this one's closing EOS) only with add_special_tokens."""
+    chat = [{"role": "user", "content": "w5 w6"}, {"role": "user", "content": "w7"}]
+    expected = reference(model, [[3, 5, 6, 3, 7], [3, 5, 6, 3, 7, 2]])
+    for special, vector in ((None, expected[0]), (False, expected[0]), (True, expected[1])):
+        body = {"messages": chat} | ({} if special is None else {"add_special_tokens": special})
+        answer = requests.post(f"{embedder.base_url}embeddings", json=body, timeout=60).json()
+        np.testing.assert_allclose(answer["data"][0]["embedding"], vector, atol=2e-5)
 
 
 def test_scores_are_the_embeddings_cosines(model: Path, server: Server) -> None:
@@ -172,6 +189,43 @@ def test_the_embedded_model_embeds_its_tokens(service: Server, client: openai.Op
         for text in ("a cat", "a dog")
     ]
     assert answer.usage.prompt_tokens == sum(counted)
+
+
+def test_a_conversation_embeds_as_its_chat_template_writes_it(service: Server) -> None:
+    """vLLM's chat embeddings: `messages` (a conversation, or a list of them) rendered by the
+    chat template, no generation prompt unless asked, the template's own special tokens only;
+    each vector that of the rendered prompt's token ids."""
+    url, model = f"{service.url}/v1/embeddings", "SmolLM2-135M-Instruct"
+    chats = [
+        [{"role": "user", "content": "a cat"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a dog"}],
+    ]
+
+    def ids(chat: list[dict], **options: bool) -> list[int]:
+        body = {"messages": chat, "add_generation_prompt": False, **options}
+        return requests.post(f"{service.url}/tokenize", json=body, timeout=30).json()["tokens"]
+
+    def embedded(**body: object) -> dict:
+        answer = requests.post(url, json={"model": model, **body}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    by_ids = embedded(input=[ids(chat) for chat in chats])
+    expected = np.array([item["embedding"] for item in by_ids["data"]])
+    both = embedded(messages=chats)
+    assert both["usage"]["prompt_tokens"] == by_ids["usage"]["prompt_tokens"]
+    np.testing.assert_allclose([item["embedding"] for item in both["data"]], expected, atol=1e-4)
+    one = embedded(messages=chats[1])  # one conversation
+    np.testing.assert_allclose(one["data"][0]["embedding"], expected[1], atol=1e-4)
+    asked = embedded(messages=chats[0], add_generation_prompt=True)
+    assert asked["usage"]["prompt_tokens"] == len(ids(chats[0], add_generation_prompt=True))
+    assert asked["usage"]["prompt_tokens"] > len(ids(chats[0]))
+    for body, param in (({"input": "a cat", "messages": chats[0]}, "input"),
+                        ({"messages": [chats[0][0], chats[1]]}, "messages"),
+                        ({"messages": chats[0], "add_generation_prompt": True,
+                          "continue_final_message": True}, "continue_final_message")):  # fmt: skip
+        refused = requests.post(url, json=body, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
 
 
 def test_pooling_read_from_the_model(tmp_path: Path) -> None:

@@ -126,6 +126,7 @@ CHAT = COMMON | {
 }
 
 NOT_MATRYOSHKA = "refused unless the model is Matryoshka"  # honoured: test_embeddings.py
+CONVERSATION = [{"role": "user", "content": "Hi"}]
 EMBEDDINGS: dict[str, tuple[dict[str, Any], str]] = {
     "input": ({"input": ["Hi", "Ho"]}, OK),
     "model": ({"model": MODEL}, OK),
@@ -135,6 +136,11 @@ EMBEDDINGS: dict[str, tuple[dict[str, Any], str]] = {
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 1}, OK),
     "add_special_tokens": ({"add_special_tokens": False}, OK),
     "use_activation": ({"use_activation": False}, OK),
+    # vLLM's chat embeddings (a conversation in place of input): test_embeddings.py
+    "messages": ({"messages": CONVERSATION}, OK),
+    "add_generation_prompt": ({"messages": CONVERSATION, "add_generation_prompt": True}, OK),
+    "continue_final_message": ({"messages": CONVERSATION, "continue_final_message": True}, OK),
+    "chat_template_kwargs": ({"messages": CONVERSATION, "chat_template_kwargs": {"a": 1}}, OK),
 }
 
 
@@ -156,15 +162,26 @@ def test_every_embeddings_field_is_honoured_or_refused_by_name(client: openai.Op
     given = fields_of(embedding_params.EmbeddingCreateParams)
     assert given | set(EmbeddingRequest.__struct_fields__) == set(EMBEDDINGS)
     for field, (body, outcome) in EMBEDDINGS.items():
-        asked = {"input": "Hi"} | body
+        asked = body if "messages" in body else {"input": "Hi"} | body
         if outcome == OK:
             answer = client.post("/embeddings", cast_to=object, body=asked)
-            inputs = asked["input"] if isinstance(asked["input"], list) else [asked["input"]]
-            assert len(answer["data"]) == len(inputs)
+            inputs = asked.get("input", ["a conversation"])
+            assert len(answer["data"]) == (len(inputs) if isinstance(inputs, list) else 1)
             continue
         with pytest.raises(openai.BadRequestError) as refusal:
             client.post("/embeddings", cast_to=object, body=asked)
         assert refusal.value.body["param"] == field
+
+
+@pytest.mark.parametrize(
+    "body", [{"add_generation_prompt": True}, {"continue_final_message": False},
+             {"chat_template_kwargs": {}}],
+)  # fmt: skip
+def test_a_chat_option_beside_input_is_refused_by_name(client: openai.OpenAI, body: dict) -> None:
+    """It would change nothing: input is never templated."""
+    with pytest.raises(openai.BadRequestError) as refusal:
+        client.post("/embeddings", cast_to=object, body={"input": "Hi"} | body)
+    assert refusal.value.body["param"] == next(iter(body))
 
 
 def send(client: openai.OpenAI, chat: bool, body: dict[str, Any]) -> Any:

@@ -104,8 +104,8 @@ def close(a, b):
 agree = refused = 0
 for name, (path, body) in cases.items():
     ours, theirs = reading(8000, path, body), reading(8100, path, body)
-    same = ours.keys() == theirs.keys() and all(close(ours[k], theirs[k]) for k in ours)
-    both_refuse = not same and "status" in ours and "status" in theirs
+    both_refuse = "status" in ours and "status" in theirs  # alike or not, tallied apart
+    same = not both_refuse and ours.keys() == theirs.keys() and all(close(ours[k], theirs[k]) for k in ours)
     agree, refused = agree + same, refused + both_refuse
     print(f"{'agree ' if same else 'refused' if both_refuse else 'DIFFER'} {model}: {name}",
           f"(Turnstile {ours['status']}, vLLM {theirs['status']})" if both_refuse else "")

@@ -56,10 +56,8 @@ class InputsRequest(msgspec.Struct, forbid_unknown_fields=True):
     def inputs(self) -> list[str | list[int]]:
         """Each input: a text or token ids."""
         given = self.input
-        if (given is None) == (self.messages is None):
+        if given is None or self.messages is not None:
             raise ApiError(400, "give either input or messages", param="input")
-        if given is None:
-            raise ApiError(400, "messages are given: they are the inputs", param="messages")
         for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
             if getattr(self, name) is not None:
                 raise ApiError(400, f"{name} applies to messages; input is not templated",

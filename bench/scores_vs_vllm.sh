@@ -11,7 +11,8 @@
 # BERT embedder (mean pooling), a BERT cross-encoder (a pair's second text typed 1), an XLM-R
 # classifier of three labels, an XLM-R embedder (CLS pooling), a ModernBERT embedder (mean
 # pooling) and cross-encoder (its head mean-pooled); embeddings compared too, and vLLM's chat
-# form of /v1/embeddings and /classify (`messages`; the Qwen3 embedder given the template too).
+# form of /v1/embeddings and /classify (`messages`; the Qwen3 embedder given the template too)
+# and `truncate_prompt_tokens` (with `truncation_side` once).
 #   usage: [MODELS="modern-embedder modern-cross"] bench/scores_vs_vllm.sh
 set -euo pipefail
 P=${PEERS:-$HOME/.cache/turnstile-peers}; out=$(mktemp -d); pids=()
@@ -76,6 +77,13 @@ cases = {
         [{"role": "user", "content": query}],
         [{"role": "query", "content": docs[0]}, {"role": "user", "content": docs[1]}]]}),
     "classify, messages": ("/classify", {"messages": [{"role": "user", "content": query}]}),
+    "embeddings, truncated 5": ("/v1/embeddings", {"input": [docs[1], query],
+                                                   "truncate_prompt_tokens": 5}),
+    "embeddings, truncated left": ("/v1/embeddings", {"input": [docs[1]], "truncation_side": "left",
+                                                      "truncate_prompt_tokens": 5}),
+    "score, truncated 12": ("/score", {"text_1": query, "text_2": docs,
+                                       "truncate_prompt_tokens": 12}),
+    "classify, truncated 5": ("/classify", {"input": [docs[1]], "truncate_prompt_tokens": 5}),
 }
 if model == "original":  # its template writes the instruction
     cases["rerank, instruction"] = ("/rerank", {"query": query, "documents": docs,

@@ -11,7 +11,7 @@ import numpy as np
 from aiohttp import web
 
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.openai_api import parse_body, truncated
+from turnstile.gateway_svc.openai_api import parse_body
 from turnstile.gateway_svc.pooled_requests import InputsRequest, PooledRequests
 from turnstile.gateway_svc.request_ids import answer_id
 from turnstile.shared.model_info import ModelInfo
@@ -66,7 +66,6 @@ class Classifications:
         info, models = self.pooled.info, self.pooled.models
         refuse_unless_classifier(info, models.base, "/classify")
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))
-        prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
         logits = await self.pooled.vectors(prompts, lora, usage, request.param)
         data = []
         for i, row in enumerate(logits):

@@ -14,7 +14,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.openai_api import parse_body, truncated
+from turnstile.gateway_svc.openai_api import parse_body
 from turnstile.gateway_svc.pooled_requests import InputsRequest, PooledRequests
 from turnstile.gateway_svc.request_ids import answer_id
 
@@ -49,7 +49,6 @@ class Embeddings:
         self.pooled.check_pooling()
         width = self._width(request.dimensions)
         prompts = await self.pooled.tokenized(partial(self.pooled.prompts, request))
-        prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
         vectors = await self.pooled.vectors(prompts, lora, usage, request.param)
         data = [
             {"object": "embedding", "index": i,

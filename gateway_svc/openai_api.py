@@ -128,18 +128,21 @@ def prompts_of(request: Request, tokenizer: Tokenizer) -> list[list[int]]:
 
 
 def truncated(prompts: list[list[int]], request: Request, max_model_len: int) -> list[list[int]]:
-    """vLLM's `truncate_prompt_tokens`: each prompt's last k tokens (-1: the context's length)."""
-    keep = request.truncate_prompt_tokens
-    if keep is None:
-        return prompts
-    if keep > max_model_len:
+    """vLLM's `truncate_prompt_tokens` for generation: each prompt's last k tokens."""
+    keep = kept_tokens(request.truncate_prompt_tokens, max_model_len)
+    return prompts if keep is None else [ids[-keep:] for ids in prompts]
+
+
+def kept_tokens(keep: int | None, max_model_len: int) -> int | None:
+    """How many tokens `truncate_prompt_tokens` keeps (-1: the context's length; None:
+    all); more than the context is refused."""
+    if keep is not None and keep > max_model_len:
         raise ApiError(
             400, f"truncate_prompt_tokens ({keep}) is greater than max_model_len "
             f"({max_model_len}): select a smaller truncation size",
             param="truncate_prompt_tokens",
         )  # fmt: skip
-    keep = max_model_len if keep == -1 else keep
-    return [ids[-keep:] for ids in prompts]
+    return max_model_len if keep == -1 else keep
 
 
 def hidden_token_ids(request: Request, eos_token_ids: tuple[int, ...]) -> frozenset[int]:

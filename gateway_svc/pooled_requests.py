@@ -21,6 +21,7 @@ from turnstile.gateway_svc import metrics
 from turnstile.gateway_svc.engine_client import End, EngineClient, RequestStream
 from turnstile.gateway_svc.errors import REFUSALS, ApiError, refusal
 from turnstile.gateway_svc.openai_api import chat_text
+from turnstile.gateway_svc.pooled_truncation import Side, Truncation
 from turnstile.gateway_svc.request_ids import answered
 from turnstile.gateway_svc.request_types import ChatMessage, Unused
 from turnstile.gateway_svc.served_models import ServedModels
@@ -42,10 +43,11 @@ class InputsRequest(msgspec.Struct, forbid_unknown_fields=True):
     messages: Annotated[list[ChatMessage | list[ChatMessage]], Meta(min_length=1)] | None = None
     model: str | None = None
     user: Unused = None
-    # vLLM's: each input's last k tokens (-1: the context's length); the tokenizer's own
-    # special tokens around each text (Llama's BOS, Qwen3-Embedding's closing EOS; not given:
-    # a text's yes, a conversation's no: its template writes them).
+    # vLLM's: each input cut to k tokens (-1: the context's length; `pooled_truncation.py`);
+    # the tokenizer's own special tokens around each text (Llama's BOS, Qwen3-Embedding's
+    # closing EOS; not given: a text's yes, a conversation's no: its template writes them).
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    truncation_side: Side | None = None  # `pooled_truncation.py`
     add_special_tokens: bool | None = None
     # vLLM's chat options, as a chat completion's; a conversation is not answered by default.
     # None: not given (beside input, where nothing is templated, they are refused).
@@ -148,10 +150,15 @@ class PooledRequests:
         """`work()` on a tokenizer thread: a long text must not stall the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenizing, work)
 
-    def encoded(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        """A text's token ids, refused before tokenizing where it cannot fit the context."""
-        self.fits(text, param)
-        return self.tokenizer.encode(text, add_special_tokens)
+    def encoded(
+        self, cut: Truncation, texts: tuple[str, ...], param: str, add_special_tokens: bool = True
+    ) -> tuple[list[int], int]:
+        """A text's (or a pair's) token ids as `cut` truncates them, and where its tokens typed 1
+        start (-1: none); where nothing is cut, one too long for the context is refused before
+        it is tokenized."""
+        if cut.keep is None:
+            self.fits("".join(texts), param)
+        return cut.texts(self.tokenizer, texts, add_special_tokens)
 
     def fits(self, text: str, param: str) -> None:
         """Refuses a text too long for the context, whatever it tokenizes to."""
@@ -160,22 +167,27 @@ class PooledRequests:
                            f"context of {self.max_model_len} tokens can hold",
                            code="context_length_exceeded", param=param)  # fmt: skip
 
+    def truncation(self, keep: int | None, side: Side | None) -> Truncation:
+        return Truncation.of(keep, side, self.max_model_len)
+
     def prompts(self, request: InputsRequest) -> list[list[int]]:
-        """Each input's token ids, or each conversation's (on a tokenizer thread)."""
+        """Each input's token ids, or each conversation's, truncated as the request asks (on a
+        tokenizer thread)."""
         vocab = self.tokenizer.vocab_size
+        cut = self.truncation(request.truncate_prompt_tokens, request.truncation_side)
         if request.messages is not None and request.input is None:
             special = bool(request.add_special_tokens)
             texts = [chat_text(chat, self.tokenizer) for chat in request.conversations()]
-            return [self.encoded(text, "messages", special) for text in texts]
+            return [self.encoded(cut, (text,), "messages", special)[0] for text in texts]
         prompts = []
         special = request.add_special_tokens is not False
         for given in request.inputs():
             if isinstance(given, str):
-                prompts.append(self.encoded(given, "input", special))
+                prompts.append(self.encoded(cut, (given,), "input", special)[0])
             elif any(not 0 <= t < vocab for t in given):
                 raise ApiError(400, f"input token ids must lie in [0, {vocab})", param="input")
             else:
-                prompts.append(list(given))
+                prompts.append(cut.ids(list(given)))
         return prompts
 
     async def vectors(

@@ -17,8 +17,9 @@ from msgspec import Meta
 
 from turnstile.gateway_svc.classify import activated
 from turnstile.gateway_svc.errors import ApiError
-from turnstile.gateway_svc.openai_api import parse_body, truncated
+from turnstile.gateway_svc.openai_api import parse_body
 from turnstile.gateway_svc.pooled_requests import MAX_INPUTS, PooledRequests
+from turnstile.gateway_svc.pooled_truncation import Side, Truncation
 from turnstile.gateway_svc.request_ids import answer_id
 from turnstile.gateway_svc.request_types import Unused
 from turnstile.shared.protocol import LoraRef
@@ -35,6 +36,7 @@ class ScoringFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model: str | None = None
     user: Unused = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    truncation_side: Side | None = None  # `pooled_truncation.py`
     use_activation: bool | None = None  # a cross-encoder's: false scores by the bare logit
     # Each query's and document's first k tokens (0: all), cut before the two meet.
     max_tokens_per_query: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
@@ -169,30 +171,27 @@ class Scores:
                            "(/classify gives each label's)", param="model")  # fmt: skip
         queries = firsts * len(seconds) if len(firsts) == 1 else firsts
         pairs = list(zip(queries, seconds, strict=True))
-        whole = await self.pooled.tokenized(partial(self._pair_prompts, pairs, variables))
-        limit = self.pooled.max_model_len
-        prompts = truncated([ids for ids, _ in whole], request, limit)  # type: ignore[arg-type]
-        seconds = None  # where each prompt's type-1 tokens start, where the model types tokens
-        if self.info.token_types > 1:  # shifted by what truncation cut from the left
-            seconds = [second if second < 0 else max(0, second - len(ids) + len(kept))
-                       for (ids, second), kept in zip(whole, prompts, strict=True)]  # fmt: skip
-        logits = await self.pooled.vectors(prompts, lora, usage, "documents", seconds)
+        cut = self.pooled.truncation(request.truncate_prompt_tokens, request.truncation_side)
+        whole = await self.pooled.tokenized(partial(self._pair_prompts, cut, pairs, variables))
+        prompts = [ids for ids, _ in whole]
+        # where each prompt's type-1 tokens start, where the model types tokens
+        types = [second for _, second in whole] if self.info.token_types > 1 else None
+        logits = await self.pooled.vectors(prompts, lora, usage, "documents", types)
         return [float(activated(row, self.info, request.use_activation)[0]) for row in logits]
 
     def _pair_prompts(
-        self, pairs: list[tuple[str, str]], variables: dict[str, Any]
+        self, cut: Truncation, pairs: list[tuple[str, str]], variables: dict[str, Any]
     ) -> list[tuple[list[int], int]]:
-        """Each pair's prompt: written by --chat-template's template, tokenized as a pair, or
-        (an LLM reranker's) joined as one text; with where its second text's tokens start where
-        the tokenizer types them (`Tokenizer.encode_pair`), else -1."""
+        """Each pair's prompt, truncated as `cut` says: written by --chat-template's template,
+        tokenized as a pair (one of an empty second text as its first alone, as transformers),
+        or (an LLM reranker's) joined as one text; with where its second text's tokens start
+        where the tokenizer types them, else -1."""
+        encoded = partial(self.pooled.encoded, cut, param="documents")
         if self.tokenizer.given_template:
-            return [(self.pooled.encoded(self._written(a, b, variables), "documents"), -1)
-                    for a, b in pairs]  # fmt: skip
+            return [(encoded((self._written(a, b, variables),))[0], -1) for a, b in pairs]
         if not self.info.pair_separately:
-            return [(self.pooled.encoded(a + b, "documents"), -1) for a, b in pairs]
-        for a, b in pairs:
-            self.pooled.fits(a + b, "documents")
-        return [self.tokenizer.encode_pair(a, b) for a, b in pairs]
+            return [(encoded((a + b,))[0], -1) for a, b in pairs]
+        return [encoded((a, b) if b else (a,)) for a, b in pairs]
 
     def _written(self, query: str, document: str, variables: dict[str, Any]) -> str:
         messages = [{"role": "query", "content": query}, {"role": "document", "content": document}]
@@ -208,9 +207,9 @@ class Scores:
         """The cosine of each pair's embeddings, each text embedded alone."""
         self.pooled.check_pooling()
         texts = firsts + seconds
-        encode = self.pooled.encoded
-        prompts = await self.pooled.tokenized(lambda: [encode(t, "documents") for t in texts])
-        prompts = truncated(prompts, request, self.pooled.max_model_len)  # type: ignore[arg-type]
+        cut = self.pooled.truncation(request.truncate_prompt_tokens, request.truncation_side)
+        encoded = partial(self.pooled.encoded, cut, param="documents")
+        prompts = await self.pooled.tokenized(lambda: [encoded((t,))[0] for t in texts])
         vectors = np.array(await self.pooled.vectors(prompts, lora, usage, "documents"))
         vectors = vectors.astype(np.float64)
         norms = np.linalg.norm(vectors, axis=1)

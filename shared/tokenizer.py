@@ -84,6 +84,10 @@ class Tokenizer:
         `given_template`: the template is the server's (--chat-template), not the model's: a
         cross-encoder's pairs are written with it, as vLLM writes them."""
         self.backend = _load_backend(model)
+        # What a tokenizer.json may set (sentence-transformers' often cut at 128 or 512) is
+        # never applied to every text: truncation is a request's own (`truncated`), as HF's.
+        self.backend.no_truncation()
+        self.backend.no_padding()
         self.info = info
         self.template_kwargs = template_kwargs or {}
         self.given_template = given_template
@@ -109,6 +113,25 @@ class Tokenizer:
         encoding = self.backend.encode_batch([(first, second)], add_special_tokens=True)[0]
         types = encoding.type_ids
         return encoding.ids, types.index(1) if 1 in types else -1
+
+    def truncated(
+        self, texts: tuple[str, ...], keep: int, add_special_tokens: bool = True
+    ) -> tuple[list[int], int]:
+        """A text or a pair's tokens as transformers' `tokenizer(*texts, truncation=True,
+        max_length=keep)` gives them (vLLM's pooled truncation): the texts cut from the right
+        to leave room for the special tokens, a pair's longer text first; and where the tokens
+        typed 1 start (-1: none). Raises ValueError where the special tokens alone exceed it."""
+        parts = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        pair = len(parts) == 2
+        budget = keep - (self.backend.num_special_tokens_to_add(pair) if add_special_tokens else 0)
+        if budget < 0:
+            raise ValueError(f"keeping {keep} tokens leaves no room for the "
+                             f"{keep - budget} special tokens")  # fmt: skip
+        lengths = _longest_first([len(part.ids) for part in parts], budget)
+        for part, length in zip(parts, lengths, strict=True):
+            part.truncate(length)
+        final = self.backend.post_process(parts[0], parts[1] if pair else None, add_special_tokens)
+        return final.ids, final.type_ids.index(1) if 1 in final.type_ids else -1
 
     def clipped(self, text: str, limit: int) -> str:
         """The text cut after its `limit`-th token (`limit` >= 1; special tokens aside) at that
@@ -162,6 +185,19 @@ class Tokenizer:
             kept = text[at : at + len(final.lstrip())] == final
             text = text[: at + len(final.lstrip() if kept else final.strip())]
         return text
+
+
+def _longest_first(lengths: list[int], budget: int) -> list[int]:
+    """The lengths `tokenizers` cuts texts to so that they total `budget` at most (its
+    `longest_first`): a text alone to the budget; a pair's longer text alone where the shorter
+    leaves it room, else both to half."""
+    if len(lengths) == 1 or sum(lengths) <= budget:
+        return [min(n, budget) for n in lengths]
+    short, long = sorted(lengths)
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    return [long, short] if lengths[0] > lengths[1] else [short, long]
 
 
 def served_tokenizer(

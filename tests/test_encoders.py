@@ -76,15 +76,16 @@ def hf(folder: Path, kind: str) -> tuple:
     return model, transformers.AutoTokenizer.from_pretrained(folder)
 
 
-def mean_pooled(folder: Path, texts: list[str], keep: int = 0) -> np.ndarray:
+def mean_pooled(folder: Path, texts: list[str], keep: int | None = None) -> np.ndarray:
     """sentence-transformers' vectors: the final states' mean, normalized; with `keep`, of each
-    text's last `keep` tokens."""
+    text truncated to `keep` tokens by its tokenizer (as sentence-transformers cuts it)."""
     import torch
 
     model, tokenizer = hf(folder, "AutoModel")
+    cut = {"truncation": True, "max_length": keep} if keep else {}
     with torch.no_grad():
-        rows = [model(input_ids=tokenizer(text, return_tensors="pt")["input_ids"][:, -keep:])
-                .last_hidden_state[0].mean(0) for text in texts]  # fmt: skip
+        rows = [model(**tokenizer(text, return_tensors="pt", **cut)).last_hidden_state[0].mean(0)
+                for text in texts]  # fmt: skip
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
 
 
@@ -106,7 +107,8 @@ def test_an_input_may_fill_the_context_and_is_truncated_to_it(
     folders: dict[str, Path], embedder: Server
 ) -> None:
     """As vLLM: a pooled input of the whole context (128 tokens here, its last position the
-    model's last) is embedded, and `truncate_prompt_tokens: -1` keeps that much of a longer one."""
+    model's last) is embedded, and `truncate_prompt_tokens: -1` keeps that much of a longer one,
+    as its tokenizer cuts it ([CLS], the first 126 words, [SEP])."""
     whole, longer = words(10, 136), words(10, 200)  # 126 and 190 words, [CLS] and [SEP] besides
     answer = post(embedder, "/v1/embeddings", {"model": "embedder", "input": [whole, longer],
                                                "truncate_prompt_tokens": -1}).json()  # fmt: skip
@@ -130,18 +132,22 @@ def test_an_encoder_generates_nothing_and_refuses_a_prompt_past_its_context(
     assert "129 tokens: an input takes 1 to 128" in answer.json()["error"]["message"]
 
 
-def cross_logits(folder: Path, pairs: list[tuple[str, ...]], keep: int = 0) -> np.ndarray:
-    """transformers' logit of each pair (or text) as BERT's tokenizer types it; with `keep`, of
-    its last `keep` tokens (and their types)."""
+def cross_logits(
+    folder: Path, pairs: list[tuple[str, ...]], keep: int = 0, last: bool = False
+) -> np.ndarray:
+    """transformers' logit of each pair (or text) as BERT's tokenizer types it; with `keep`,
+    truncated by the tokenizer to `keep` tokens (as a cross-encoder is), or (`last`) its last
+    `keep` tokens (and their types)."""
     import torch
 
     model, tokenizer = hf(folder, "AutoModelForSequenceClassification")
     rows = []
+    cut = {"truncation": True, "max_length": keep} if keep and not last else {}
     with torch.no_grad():
         for pair in pairs:
-            encoded = tokenizer(*pair, return_tensors="pt")
+            encoded = tokenizer(*pair, return_tensors="pt", **cut)
             assert encoded["token_type_ids"].any() == (len(pair) == 2)  # a second text: type 1
-            if keep:
+            if last:
                 encoded = {name: value[:, -keep:] for name, value in encoded.items()}
             rows.append(model(**encoded).logits[0, 0])
     return torch.stack(rows).numpy()
@@ -162,11 +168,16 @@ def test_a_bert_cross_encoder_reads_its_pairs_second_text_as_type_one(
 ) -> None:
     pairs = [(QUERY, doc) for doc in DOCS]
     reranked_as(cross, "cross", 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs))))
-    # Each pair cut to its last 5 tokens: the second text still typed 1 (all 5 of the second).
-    short = post(cross, "/score", {"model": "cross", "queries": QUERY, "documents": DOCS[:2],
-                                   "truncate_prompt_tokens": 5}).json()  # fmt: skip
-    kept = 1 / (1 + np.exp(-cross_logits(folders["cross"], pairs[:2], keep=5)))
-    np.testing.assert_allclose([r["score"] for r in short["data"]], kept, atol=2e-5)
+    # Each pair cut to 12 tokens as its tokenizer cuts it (as vLLM), the longer text first:
+    # [CLS] query [SEP] document [SEP]; or to its last 5 (truncation_side left), the second
+    # text still typed 1 (all 5 of the second).
+    for keep, side in ((12, None), (5, "left")):
+        body = {"model": "cross", "queries": QUERY, "documents": DOCS[:2],
+                "truncate_prompt_tokens": keep, "truncation_side": side}  # fmt: skip
+        short = post(cross, "/score", body).json()
+        kept = cross_logits(folders["cross"], pairs[:2], keep=keep, last=side == "left")
+        np.testing.assert_allclose([r["score"] for r in short["data"]], 1 / (1 + np.exp(-kept)),
+                                   atol=2e-5)  # fmt: skip
     alone = post(cross, "/classify", {"model": "cross", "input": [QUERY, DOCS[1]]})
     expected = 1 / (1 + np.exp(-cross_logits(folders["cross"], [(QUERY,), (DOCS[1],)])))
     got = [row["probs"][0] for row in alone.json()["data"]]

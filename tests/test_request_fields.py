@@ -134,6 +134,7 @@ EMBEDDINGS: dict[str, tuple[dict[str, Any], str]] = {
     "dimensions": ({"dimensions": 8}, NOT_MATRYOSHKA),
     "user": ({"user": "someone"}, OK),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 1}, OK),
+    "truncation_side": ({"truncate_prompt_tokens": 1, "truncation_side": "left"}, OK),
     "add_special_tokens": ({"add_special_tokens": False}, OK),
     "use_activation": ({"use_activation": False}, OK),
     # vLLM's chat embeddings (a conversation in place of input): test_embeddings.py

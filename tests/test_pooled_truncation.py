@@ -5,7 +5,9 @@ a Qwen3 classifier's tokenizer; `truncation_side` slicing instead, types moved a
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,21 @@ def test_a_side_slices_the_tokens_and_moves_the_types(folders: dict[str, Path]) 
     assert Truncation(2, "left").ids([7, 8, 9]) == [8, 9]
     with pytest.raises(ApiError, match="no room for the 3 special tokens"):
         Truncation(2, None).texts(tokenizer, pair)
+
+
+def test_a_tokenizer_json_s_own_truncation_and_padding_are_not_applied(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """sentence-transformers' tokenizer.json files often keep a truncation (and padding) their
+    export set: transformers applies neither unless asked, nor does the gateway."""
+    folder = tmp_path / "bert"
+    shutil.copytree(folders["bert"], folder)
+    written = json.loads((folder / "tokenizer.json").read_text())
+    written["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst",
+                             "stride": 0}  # fmt: skip
+    written["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_id": 0,
+                          "pad_to_multiple_of": None, "pad_type_id": 0,
+                          "pad_token": "w0"}  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(written))
+    tokenizer = Tokenizer(folder, read_model_info(folder))
+    assert tokenizer.encode("w5 w6 w7 w8 w9", add_special_tokens=True) == [1, 5, 6, 7, 8, 9, 2]

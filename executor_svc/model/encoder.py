@@ -166,21 +166,17 @@ class EncoderModel:
 
     @staticmethod
     def _attend(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, batch: EncoderBatch,
-                seen: Tensor | None, window: int = 0) -> Tensor:  # fmt: skip
-        """Each sequence's tokens attending all of it (with a `window`, the tokens within half
-        of it on either side): [tokens, heads, head_dim]; padded where `seen` says which
-        positions each sequence's tokens see (`_padding`), else one at a time."""
+                seen: Tensor | None, near: Tensor | None = None) -> Tensor:  # fmt: skip
+        """Each sequence's tokens attending all of it: [tokens, heads, head_dim]; padded where
+        `seen` says which positions each sequence's tokens see (`_padding`), else one at a
+        time, each within `near` where given (a local layer's band of positions)."""
         if seen is None:
             out = torch.empty_like(q)
             for start, end in zip(batch.bounds, batch.bounds[1:], strict=False):
                 one = (x[start:end].transpose(0, 1) for x in (q, k, v))
-                near = None
-                if window and end - start > window // 2:
-                    at = torch.arange(end - start, device=q.device)
-                    near = (at[:, None] - at[None, :]).abs() <= window // 2
-                out[start:end] = F.scaled_dot_product_attention(*one, attn_mask=near).transpose(
-                    0, 1
-                )
+                band = None if near is None else near[: end - start, : end - start]
+                attended = F.scaled_dot_product_attention(*one, attn_mask=band)
+                out[start:end] = attended.transpose(0, 1)
             return out
         padded = q.new_zeros(3, seen.shape[0], seen.shape[-1], *q.shape[1:])
         padded[:, batch.rows, positions] = torch.stack((q, k, v))

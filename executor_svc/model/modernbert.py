@@ -95,7 +95,7 @@ class ModernBertModel(EncoderModel):
         heads, head_dim = info.num_heads, info.head_dim
         seen = self._padding(batch)  # once a step, for every layer
         windows = {layer.window for layer in self.layers}
-        masks = {w: self._window_mask(seen, positions, batch, w) for w in windows}
+        masks = {w: self._window_masks(seen, positions, batch, w) for w in windows}
         turns = {  # each base's cos and sin of every token's position
             theta: _rotation(positions, frequencies)
             for theta, frequencies in self.frequencies.items()
@@ -107,7 +107,7 @@ class ModernBertModel(EncoderModel):
             q, k, v = layer.qkv(normed).view(-1, 3, heads, head_dim).unbind(1)
             cos, sin = turns[info.local_rope_theta if layer.window else info.rope_theta]
             q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
-            attended = self._attend(q, k, v, positions, batch, masks[layer.window], layer.window)
+            attended = self._attend(q, k, v, positions, batch, *masks[layer.window])
             hidden = layer.out(attended.reshape(-1, heads * head_dim), hidden)
             gate_input, gate = layer.up(self._norm(hidden, layer.mlp_norm)).chunk(2, dim=-1)
             hidden = layer.down(self.act(gate_input) * gate, hidden)
@@ -119,15 +119,18 @@ class ModernBertModel(EncoderModel):
         return F.layer_norm(x, (x.shape[-1],), *norm, self.info.layer_norm_eps)
 
     @staticmethod
-    def _window_mask(
+    def _window_masks(
         seen: Tensor | None, positions: Tensor, batch: EncoderBatch, window: int
-    ) -> Tensor | None:
-        """`seen`, narrowed to the positions within window // 2 of each other where a local
-        layer's window is shorter than the step's longest sequence."""
-        if seen is None or not window or batch.longest <= window // 2:
-            return seen
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """A layer's masks for `_attend`, once a step: where its window is shorter than the
+        step's longest sequence, the positions within window // 2 of each other, joined to
+        `seen` where the sequences are padded, else alone ([longest, longest]: a shorter
+        sequence reads its corner)."""
+        if not window or batch.longest <= window // 2:
+            return seen, None
         at = torch.arange(batch.longest, device=positions.device)
-        return seen & ((at[:, None] - at[None, :]).abs() <= window // 2)
+        near = (at[:, None] - at[None, :]).abs() <= window // 2
+        return (None, near) if seen is None else (seen & near, None)
 
     def pooled(self, last: Tensor) -> Tensor:
         """The vectors of the sequences' pooled states: a classifier's labels' logits."""
